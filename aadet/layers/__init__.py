@@ -1,0 +1,1 @@
+"""Plain ``nn.Module`` layers (usable without Detectron2) and their functional cores."""

@@ -1,0 +1,1 @@
+from . import backbone, meta_arch  # noqa: F401
