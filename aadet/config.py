@@ -36,7 +36,7 @@ def add_aadet_config(cfg):
     _C.INPUT.SCALE_JITTER.LONG_SIDE_RANGE = (512, 768)  # paper: [512, 768] pixels
     _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
     _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5
-    _C.INPUT.SCALE_JITTER.PAD_VALUE = 0.0  # value of padded pixels, before normalization
+    _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
 
     # ---------------------------------------------------------------- epoch-based schedule
     # When EPOCHS > 0, SOLVER.MAX_ITER and SOLVER.STEPS are computed at start from the number of
@@ -49,8 +49,6 @@ def add_aadet_config(cfg):
     # Keep the checkpoint with the best value of this metric (from the periodic evaluation);
     # "" disables it. Written as model_best.pth next to the periodic checkpoints.
     _C.SOLVER.BEST_CHECKPOINT_METRIC = "bbox/AP"
-    # Stop with an error naming the iteration and the loss when a loss becomes NaN/inf.
-    _C.SOLVER.STOP_ON_NONFINITE_LOSS = True
 
     # ---------------------------------------------------------------- RetinaNet / FPN
     # Where FPN's P6/P7 come from: "res5" (Detectron2's RetinaNet) or "p5" (the RetinaNet of the

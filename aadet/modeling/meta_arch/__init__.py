@@ -1,1 +1,1 @@
-from .retinanet import RETINANET_HEAD_REGISTRY, AADetRetinaNet, NonFiniteLossError  # noqa: F401
+from .retinanet import RETINANET_HEAD_REGISTRY, AADetRetinaNet, build_retinanet_head  # noqa: F401

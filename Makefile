@@ -1,0 +1,31 @@
+# aadet: the README's two commands are `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA ?= datasets
+DEMO_CONFIG ?= configs/Demo/trees_R18_FPN.yaml
+DEMO_OUT ?= output/demo
+export DETECTRON2_DATASETS ?= $(abspath $(DATA))
+export AADET_DATASETS ?= $(abspath $(DATA))
+
+.PHONY: setup data demo test clean-demo
+
+setup: $(VENV)/.aadet-setup-done
+
+$(VENV)/.aadet-setup-done: setup.py tools/setup_env.sh requirements/detectron2-offline.txt
+	bash tools/setup_env.sh $(VENV)
+
+data: setup
+	$(PY) tools/prepare_demo_data.py --root $(DATA)
+
+# Train a small ResNet RetinaNet from scratch on the tree-crown tiles (CPU), evaluate COCO AP on
+# the val split, and write visualizations of its detections under $(DEMO_OUT)/vis.
+demo: data
+	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --num-gpus 0 OUTPUT_DIR $(DEMO_OUT)
+	$(PY) tools/visualize_detections.py --config-file $(DEMO_CONFIG) --dataset trees_val \
+	    --weights $(DEMO_OUT)/model_final.pth --output $(DEMO_OUT)/vis --max-images 6 --show-gt
+
+test: setup
+	$(PY) -m pytest -q tests
+
+clean-demo:
+	rm -rf $(DEMO_OUT)

@@ -1,0 +1,72 @@
+"""The training loop of the papers' recipe, as a Detectron2 ``DefaultTrainer``.
+
+Differences from ``DefaultTrainer``, each for a reason:
+* train loader: the scale-jitter / crop / flip recipe (:mod:`aadet.data.augmentation`);
+* evaluator: COCO box AP (pycocotools when Detectron2's compiled fast evaluator is absent);
+* checkpoints: atomic writes, strict loading (:mod:`aadet.engine.checkpoint`), and the best
+  checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
+Detectron2 itself stops on a NaN/inf loss, naming the iteration and the losses.
+"""
+import os
+import weakref
+
+from detectron2.data import DatasetMapper, build_detection_train_loader
+from detectron2.engine import DefaultTrainer, hooks
+from detectron2.evaluation import COCOEvaluator, coco_evaluation
+
+from ..data.augmentation import build_augmentation
+from .checkpoint import AADetCheckpointer
+
+__all__ = ["Trainer"]
+
+
+def _has_fast_coco_eval() -> bool:
+    return coco_evaluation.COCOeval_opt is not coco_evaluation.COCOeval
+
+
+class Trainer(DefaultTrainer):
+    """DefaultTrainer with the recipe's loader, COCO evaluation and safe checkpoints."""
+
+    #: Set by ``tools/train_net.py --allow-mismatched-weights``: load MODEL.WEIGHTS even when its
+    #: keys/shapes differ from the model (otherwise a mismatch is an error).
+    allow_mismatched_weights = False
+
+    @classmethod
+    def build_train_loader(cls, cfg):
+        mapper = DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True))
+        return build_detection_train_loader(cfg, mapper=mapper)
+
+    @classmethod
+    def build_evaluator(cls, cfg, dataset_name, output_folder=None):
+        if output_folder is None:
+            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
+        return COCOEvaluator(
+            dataset_name,
+            tasks=("bbox",),
+            distributed=True,
+            output_dir=output_folder,
+            use_fast_impl=_has_fast_coco_eval(),
+        )
+
+    def build_hooks(self):
+        # Swap Detectron2's checkpointer for the atomic/strict one before hooks capture it.
+        old = self.checkpointer
+        self.checkpointer = AADetCheckpointer(
+            old.model,
+            old.save_dir,
+            strict=not self.allow_mismatched_weights,
+            save_to_disk=old.save_to_disk,
+            trainer=weakref.proxy(self),
+        )
+        ret = super().build_hooks()
+        metric = self.cfg.SOLVER.BEST_CHECKPOINT_METRIC
+        if metric and self.cfg.TEST.EVAL_PERIOD > 0 and len(self.cfg.DATASETS.TEST):
+            idx = next(i for i, h in enumerate(ret) if isinstance(h, hooks.EvalHook))
+            ret.insert(
+                idx + 1,
+                hooks.BestCheckpointer(
+                    self.cfg.TEST.EVAL_PERIOD, self.checkpointer, metric, mode="max",
+                    file_prefix="model_best",
+                ),
+            )
+        return ret

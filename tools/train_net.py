@@ -1,0 +1,76 @@
+#!/usr/bin/env python
+"""Train / evaluate an aadet detector with Detectron2 (same flags as Detectron2's train_net.py).
+
+  python tools/train_net.py --config-file configs/Demo/trees_R18_FPN.yaml
+  python tools/train_net.py --config-file configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml \
+      --num-gpus 8
+  python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS output/model_final.pth
+"""
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from detectron2.engine import default_argument_parser, default_setup, launch  # noqa: E402
+from detectron2.evaluation import verify_results  # noqa: E402
+from detectron2.utils import comm  # noqa: E402
+from detectron2.utils.logger import setup_logger  # noqa: E402
+
+import aadet  # noqa: E402,F401  (registers models and datasets)
+from aadet.data import register_trees  # noqa: E402
+from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config  # noqa: E402
+
+
+def setup(args):
+    cfg = load_config(args.config_file, args.opts, freeze=False)
+    setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="aadet")
+    if not args.eval_only:
+        apply_epoch_schedule(cfg)
+    cfg.freeze()
+    default_setup(cfg, args)
+    return cfg
+
+
+def main(args):
+    register_trees()
+    cfg = setup(args)
+    if args.eval_only:
+        model = Trainer.build_model(cfg)
+        # Strict: a checkpoint that does not match the config is an error, not random weights.
+        AADetCheckpointer(model, save_dir=cfg.OUTPUT_DIR, strict=True).resume_or_load(
+            cfg.MODEL.WEIGHTS, resume=args.resume
+        )
+        res = Trainer.test(cfg, model)
+        if comm.is_main_process():
+            verify_results(cfg, res)
+        return res
+
+    Trainer.allow_mismatched_weights = args.allow_mismatched_weights
+    trainer = Trainer(cfg)
+    trainer.resume_or_load(resume=args.resume)
+    return trainer.train()
+
+
+def build_parser():
+    parser = default_argument_parser()
+    parser.add_argument(
+        "--allow-mismatched-weights",
+        action="store_true",
+        help="start training from MODEL.WEIGHTS even if its keys/shapes differ from the model "
+        "(mismatched parameters keep their initialization); without it a mismatch is an error",
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    args = build_parser().parse_args()
+    logging.getLogger("aadet").info("Command Line Args: %s", args)
+    launch(
+        main,
+        args.num_gpus,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        dist_url=args.dist_url,
+        args=(args,),
+    )

@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""Draw a trained detector's detections (and optionally the ground truth beside them) to PNGs.
+
+  python tools/visualize_detections.py --config-file CFG --weights output/model_final.pth \
+      --dataset trees_val --output vis/ --show-gt
+  python tools/visualize_detections.py --config-file CFG --weights W --input my_images/ --output vis/
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
+from detectron2.data import detection_utils as utils  # noqa: E402
+from detectron2.utils.visualizer import Visualizer  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import aadet  # noqa: E402,F401
+from aadet.data import register_trees  # noqa: E402
+from aadet.engine import Predictor, load_config  # noqa: E402
+
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def read_image(path, fmt):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        return utils.read_image(path, format=fmt)  # grayscale / RGBA are converted
+    except Exception as e:
+        raise RuntimeError(f"cannot read image {path}: {e}") from e
+
+
+def to_rgb(image, fmt):
+    return image[:, :, ::-1] if fmt == "BGR" else image
+
+
+def list_inputs(args):
+    """``(file_name, dataset_dict or None)`` pairs from --input or --dataset."""
+    if args.dataset:
+        dicts = DatasetCatalog.get(args.dataset)
+        return [(d["file_name"], d) for d in dicts]
+    files = []
+    for p in args.input:
+        if os.path.isdir(p):
+            files += sorted(
+                os.path.join(p, f) for f in os.listdir(p) if f.lower().endswith(IMAGE_EXTS)
+            )
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"--input: no such file or folder: {p}")
+    if not files:
+        raise FileNotFoundError(f"--input: no images ({', '.join(IMAGE_EXTS)}) in {args.input}")
+    return [(f, None) for f in files]
+
+
+def render(predictor, cfg, metadata, file_name, record, threshold, show_gt):
+    fmt = cfg.INPUT.FORMAT
+    image = read_image(file_name, fmt)
+    instances = predictor(image)["instances"].to("cpu")
+    instances = instances[instances.scores >= threshold]
+    rgb = to_rgb(image, fmt)
+    pred = Visualizer(rgb, metadata).draw_instance_predictions(instances).get_image()
+    if show_gt and record is not None:
+        gt = Visualizer(rgb, metadata).draw_dataset_dict(record).get_image()
+        pred = np.concatenate([gt, pred], axis=1)  # ground truth left, detections right
+    return pred, len(instances)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config-file", required=True)
+    ap.add_argument("--weights", default=None, help="checkpoint (default: MODEL.WEIGHTS)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", nargs="+", help="image files and/or folders")
+    src.add_argument("--dataset", help="a registered dataset name, e.g. trees_val")
+    ap.add_argument("--output", required=True, help="folder for the PNGs")
+    ap.add_argument("--threshold", type=float, default=0.3, help="minimum score drawn")
+    ap.add_argument("--max-images", type=int, default=0, help="0 = all")
+    ap.add_argument("--show-gt", action="store_true", help="ground truth side by side (--dataset)")
+    ap.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ...")
+    args = ap.parse_args(argv)
+    if not 0.0 <= args.threshold <= 1.0:
+        ap.error(f"--threshold must be in [0, 1]; got {args.threshold}")
+
+    register_trees()
+    cfg = load_config(args.config_file, args.opts)
+    predictor = Predictor(cfg, args.weights)
+    name = args.dataset or (cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
+    metadata = MetadataCatalog.get(name)
+    items = list_inputs(args)
+    if args.max_images > 0:
+        items = items[: args.max_images]
+    os.makedirs(args.output, exist_ok=True)
+    written = []
+    for file_name, record in items:
+        vis, n = render(predictor, cfg, metadata, file_name, record, args.threshold, args.show_gt)
+        out = os.path.join(args.output, os.path.splitext(os.path.basename(file_name))[0] + ".png")
+        Image.fromarray(vis).save(out)
+        written.append(out)
+        print(f"{out}: {n} detections >= {args.threshold}")
+    return written
+
+
+if __name__ == "__main__":
+    main()
