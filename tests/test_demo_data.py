@@ -31,27 +31,6 @@ EXPECTED_SOURCES = {  # stem: (width, height, boxes), from the issue
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
-def wheel(request, tmp_path_factory):
-    path = os.environ.get("AADET_DEMO_WHEEL")
-    if path:
-        assert os.path.isfile(path), f"$AADET_DEMO_WHEEL={path} does not exist"
-        return path
-    path = os.path.join(REPO, "datasets", ".cache", WHEEL_NAME)
-    if os.path.isfile(path):
-        return path
-    cache = request.config.cache
-    cache_dir = (
-        str(cache.mkdir("aadet_demo_wheel"))
-        if cache is not None
-        else str(tmp_path_factory.mktemp("wheel"))
-    )
-    try:
-        return demo_trees.fetch_wheel(cache_dir)
-    except RuntimeError as e:
-        pytest.fail(f"could not download {WHEEL_NAME} (set $AADET_DEMO_WHEEL to a local copy): {e}")
-
-
-@pytest.fixture(scope="session")
 def sources(wheel):
     with zipfile.ZipFile(wheel) as z:
         return {

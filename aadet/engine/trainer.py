@@ -15,6 +15,7 @@ from detectron2.data import DatasetMapper, build_detection_train_loader, get_det
 from detectron2.data.common import DatasetFromList
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.evaluation import COCOEvaluator, coco_evaluation
+from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 from ..data.augmentation import build_augmentation
 from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
@@ -54,6 +55,15 @@ class Trainer(DefaultTrainer):
             num_workers=cfg.DATALOADER.NUM_WORKERS,
         )
 
+    def build_writers(self):
+        """Detectron2's writers, with metrics.json smoothed over ``SOLVER.LOG_PERIOD`` iterations."""
+        out = self.cfg.OUTPUT_DIR
+        return [
+            CommonMetricPrinter(self.max_iter),
+            JSONWriter(os.path.join(out, "metrics.json"), window_size=self.cfg.SOLVER.LOG_PERIOD),
+            TensorboardXWriter(out),
+        ]
+
     def resume_or_load(self, resume=True):
         super().resume_or_load(resume=resume)
         if self.start_iter > 0:
@@ -84,6 +94,9 @@ class Trainer(DefaultTrainer):
             trainer=weakref.proxy(self),
         )
         ret = super().build_hooks()
+        for h in ret:
+            if isinstance(h, hooks.PeriodicWriter):
+                h._period = self.cfg.SOLVER.LOG_PERIOD
         metric = self.cfg.SOLVER.BEST_CHECKPOINT_METRIC
         if metric and self.cfg.TEST.EVAL_PERIOD > 0 and len(self.cfg.DATASETS.TEST):
             idx = next(i for i, h in enumerate(ret) if isinstance(h, hooks.EvalHook))

@@ -44,10 +44,13 @@ def _indicators(key_index: Sequence[torch.Tensor], sizes: Sequence[int], like: t
 
 
 def _fused(q, k, v, tables, key_index):
-    sizes = [t.shape[-1] for t in tables]
-    ind = _indicators(key_index, sizes, k)  # [Lk, M]
-    q_aug = torch.cat([q, *[t.to(q.dtype) for t in tables]], dim=-1)  # [N, Lq, d + M]
-    k_aug = torch.cat([k, ind.expand(*k.shape[:-1], ind.shape[-1])], dim=-1)  # [N, Lk, d + M]
+    if tables:
+        sizes = [t.shape[-1] for t in tables]
+        ind = _indicators(key_index, sizes, k)  # [Lk, M]
+        q_aug = torch.cat([q, *[t.to(q.dtype) for t in tables]], dim=-1)  # [N, Lq, d + M]
+        k_aug = torch.cat([k, ind.expand(*k.shape[:-1], ind.shape[-1])], dim=-1)  # [N, Lk, d + M]
+    else:  # no position term: plain attention
+        q_aug, k_aug = q, k
     dv, dqk = v.shape[-1], q_aug.shape[-1]
     if q.device.type == "cpu" and dv < dqk:
         # The CPU flash kernel needs equal head dims for q/k and v; without it SDPA falls back to

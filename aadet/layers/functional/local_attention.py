@@ -1,0 +1,325 @@
+"""Local (windowed) 2D self-attention with relative positions: the layer of SASA.
+
+Paper: Ramachandran, Parmar, Vaswani, Bello, Levskaya, Shlens, "Stand-Alone Self-Attention in
+Vision Models", NeurIPS 2019, Section 2.2, Equation 3. For an odd spatial extent
+``k = 2r + 1`` the output of one head at pixel ``(y, x)`` of an ``[H, W]`` map is::
+
+    out[y, x] = sum_{(y', x') in N(y, x)} softmax( q[y, x] . k[y', x']
+                                                 + q[y, x, :dk//2] . rel_h[y' - y + r]
+                                                 + q[y, x, dk//2:] . rel_w[x' - x + r] ) v[y', x']
+
+    N(y, x) = {(y', x') inside the map : |y' - y| <= r, |x' - x| <= r}
+
+Windows are centred on the pixel; neighbours outside the map are *excluded* from the softmax
+(not zero-padded keys), so any ``H, W`` works, including maps smaller than the window. The row
+and column offsets get embeddings of ``dk//2`` and ``dk - dk//2`` channels, dotted with the
+matching halves of the query (the paper's concatenated ``r_{a-i, b-j}``). No scaling happens
+here: the caller scales ``q``.
+
+Algorithm (blocked attention with halos, as in the paper's TPU implementation and timm's
+``HaloAttn``, but exact at the borders and for any size):
+
+1. pad the map to multiples of a block ``bh x bw`` (``min(block_size, H or W)``); queries are
+   the ``bh * bw`` pixels of a block; keys/values the ``(bh + 2r) x (bw + 2r)`` window around it
+   (a "halo" unfold: ``(b + 2r)^2 / b^2`` copies of ``k`` and ``v``, never ``k^2``);
+2. everything positional is a *query-side table* over the window's rows (and one over its
+   columns): ``T_row[i, u] = q_i[:dk//2] . rel_h[u - row(i)]`` when key row ``u`` is within
+   ``r`` of the query's row *and* inside the map, ``MASK_VALUE`` otherwise (same for columns);
+   the logit of key ``(u, u')`` is ``q.k + T_row[i, u] + T_col[i, u']``;
+3. :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` adds the tables
+   inside a fused SDPA kernel (or an explicit float32 softmax);
+4. padded query positions are dropped.
+
+Every query's own position is always unmasked (padded queries too), so no softmax row is empty.
+The finite ``MASK_VALUE`` (-1e4) is exact as long as content logits stay far below 5e3 in
+magnitude (they are O(1)-O(10) in trained models).
+
+:func:`block_self_attention_2d` is the same machinery with no halo: every pixel attends within
+its own non-overlapping ``b x b`` block (the SASA attention stem, Section 3.2).
+:func:`local_attention_probs_2d` returns the attention probabilities over each window (it does
+store ``k^2`` values per pixel: an analysis/test helper, not a training path).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .logit_tables import MASK_VALUE, attention_with_logit_tables
+
+__all__ = ["local_self_attention_2d", "block_self_attention_2d", "local_attention_probs_2d"]
+
+
+# ----------------------------------------------------------------------------- small helpers
+def _check_qkv(q, k, v, rel_h, rel_w):
+    if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
+        raise ValueError(
+            "q, k, v must be [B, Nh, H, W, d]; got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape; got {tuple(q.shape)} and {tuple(k.shape)}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(
+            f"v must be [B, Nh, H, W, dv] with q's first four dims {tuple(q.shape[:-1])}; "
+            f"got {tuple(v.shape)}"
+        )
+    dk = q.shape[-1]
+    if (rel_h is None) != (rel_w is None):
+        raise ValueError("rel_h and rel_w must both be tensors or both be None")
+    if rel_h is not None:
+        if rel_h.dim() != 2 or rel_h.shape[1] != dk // 2:
+            raise ValueError(f"rel_h must be [R, dk//2={dk // 2}]; got {tuple(rel_h.shape)}")
+        if rel_w.dim() != 2 or rel_w.shape[1] != dk - dk // 2:
+            raise ValueError(f"rel_w must be [R, dk - dk//2={dk - dk // 2}]; got {tuple(rel_w.shape)}")
+        if rel_h.shape[0] != rel_w.shape[0]:
+            raise ValueError(
+                f"rel_h and rel_w must have the same number of rows; got {rel_h.shape[0]} and "
+                f"{rel_w.shape[0]}"
+            )
+
+
+def _pad_map(x: torch.Tensor, hp: int, wp: int, halo: int) -> torch.Tensor:
+    """``[N, H, W, d]`` -> ``[N, hp + 2 halo, wp + 2 halo, d]``, zeros around (``halo`` before)."""
+    h, w = x.shape[1], x.shape[2]
+    return F.pad(x, (0, 0, halo, wp - w + halo, halo, hp - h + halo))
+
+
+def _query_blocks(x: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
+    """``[N, hp, wp, d]`` -> ``[N, nby * nbx, bh * bw, d]`` (row-major pixels of each block)."""
+    n, hp, wp, d = x.shape
+    x = x.view(n, hp // bh, bh, wp // bw, bw, d).permute(0, 1, 3, 2, 4, 5)  # [N, nby, nbx, bh, bw, d]
+    return x.reshape(n, (hp // bh) * (wp // bw), bh * bw, d)
+
+
+def _halo_windows(x: torch.Tensor, bh: int, bw: int, halo: int) -> torch.Tensor:
+    """``[N, hp + 2h, wp + 2h, d]`` -> ``[N, nby * nbx, (bh + 2h) * (bw + 2h), d]``.
+
+    Windows of consecutive blocks overlap by ``2h`` rows/columns; the unfold is a view and the
+    final reshape copies ``(bh + 2h)(bw + 2h) / (bh bw)`` times the map.
+    """
+    n, _, _, d = x.shape
+    x = x.unfold(1, bh + 2 * halo, bh)  # [N, nby, Wp + 2h, d, bh + 2h]
+    x = x.unfold(2, bw + 2 * halo, bw)  # [N, nby, nbx, d, bh + 2h, bw + 2h]
+    nby, nbx = x.shape[1], x.shape[2]
+    x = x.permute(0, 1, 2, 4, 5, 3)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
+    return x.reshape(n, nby * nbx, (bh + 2 * halo) * (bw + 2 * halo), d)
+
+
+def _axis_validity(
+    size: int, block: int, num_blocks: int, halo: int, radius: int, device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Along one axis: which window lines a query line may attend to, and their offset index.
+
+    For block ``n``, query line ``i`` (in the block) and window line ``u`` (map line
+    ``n * block - halo + u``), the relative index is ``t = u - i + radius - halo`` (the key-minus-
+    query offset plus ``radius``). Returns ``valid [num_blocks, block, U]`` (``0 <= t <= 2 radius``
+    and the key line inside the map, or ``u`` being the query's own line) and ``t [block, U]``.
+    """
+    win = block + 2 * halo
+    i = torch.arange(block, device=device)[:, None]  # [block, 1]
+    u = torch.arange(win, device=device)[None, :]  # [1, U]
+    t = u - i + (radius - halo)  # [block, U]
+    in_window = (t >= 0) & (t <= 2 * radius)  # [block, U]
+    line = torch.arange(num_blocks, device=device)[:, None] * block - halo + u  # [nb, U]
+    in_map = (line >= 0) & (line < size)  # [nb, U]
+    own = (u == i + halo)  # [block, U]: the query's own line (also for padded queries)
+    valid = (in_window[None] & in_map[:, None, :]) | own[None]  # [nb, block, U]
+    return valid, t
+
+
+def _axis_table(
+    q_part: torch.Tensor,
+    rel: Optional[torch.Tensor],
+    valid: torch.Tensor,
+    t: torch.Tensor,
+    axis: str,
+) -> torch.Tensor:
+    """One query-side logit table over the window's rows (``axis="row"``) or columns.
+
+    Args:
+        q_part: ``[N, nby, nbx, bh, bw, dr]`` the query channels paired with ``rel``.
+        rel: ``[R, dr]`` offset embeddings (``R = 2 radius + 1``) or None (no positional term).
+        valid: ``[nb, b, U]`` from :func:`_axis_validity` (``nb, b`` = blocks/lines of ``axis``).
+        t: ``[b, U]`` relative index of window line ``u`` for query line ``i``.
+
+    Returns:
+        ``[N, nby, nbx, bh, bw, U]``: ``q_part . rel[t]`` where valid, ``MASK_VALUE`` elsewhere.
+    """
+    if axis == "row":
+        valid = valid[:, None, :, None, :]  # [nby, 1, bh, 1, U]
+    else:
+        valid = valid[None, :, None, :, :]  # [1, nbx, 1, bw, U]
+    if rel is None:
+        zero = torch.zeros((), dtype=q_part.dtype, device=q_part.device)
+        table = torch.where(valid, zero, torch.full_like(zero, MASK_VALUE))
+        return table.expand(*q_part.shape[:-1], valid.shape[-1])
+    num_rel = rel.shape[0]
+    logits = torch.matmul(q_part, rel.to(q_part.dtype).t())  # [N, nby, nbx, bh, bw, R]
+    # One-hot E[i, t, u] = [t(i, u) == t] moves relative index t to window line u: an exact
+    # 0/1 matmul (one nonzero per output), batched over the query line i.
+    onehot = (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None])
+    onehot = onehot.to(logits.dtype)  # [b, R, U]
+    if axis == "row":
+        table = torch.einsum("nyxijt,itu->nyxiju", logits, onehot)
+    else:
+        table = torch.einsum("nyxijt,jtu->nyxiju", logits, onehot)
+    return torch.where(valid, table, torch.full_like(table[..., :1], MASK_VALUE))
+
+
+def _blocked_attention(
+    q, k, v, rel_h, rel_w, *, radius: int, halo: int, block_hw: Tuple[int, int], impl: str
+) -> torch.Tensor:
+    """Shared core: queries in ``bh x bw`` blocks, keys in the block plus ``halo``, keys further
+    than ``radius`` (per axis) or outside the map masked. Shapes as in :func:`local_self_attention_2d`."""
+    b, nh, h, w, dk = q.shape
+    dv = v.shape[-1]
+    bh, bw = block_hw
+    nby, nbx = -(-h // bh), -(-w // bw)
+    hp, wp = nby * bh, nbx * bw
+    n = b * nh
+
+    qb = _query_blocks(_pad_map(q.reshape(n, h, w, dk), hp, wp, 0), bh, bw)  # [N, nblk, bh*bw, dk]
+    kb = _halo_windows(_pad_map(k.reshape(n, h, w, dk), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dk]
+    vb = _halo_windows(_pad_map(v.reshape(n, h, w, dv), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dv]
+
+    dev = q.device
+    valid_r, t_r = _axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
+    valid_c, t_c = _axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
+    q6 = qb.view(n, nby, nbx, bh, bw, dk)
+    dr = dk // 2
+    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row")  # [N, nby, nbx, bh, bw, Uh]
+    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col")  # [N, nby, nbx, bh, bw, Uw]
+    uh, uw = bh + 2 * halo, bw + 2 * halo
+    row_t = row_t.reshape(n, nby * nbx, bh * bw, uh)
+    col_t = col_t.reshape(n, nby * nbx, bh * bw, uw)
+    # Key l = u * Uw + u' of the window sits on window row u and window column u'.
+    key_row = torch.arange(uh, device=dev).repeat_interleave(uw)  # [Lk]
+    key_col = torch.arange(uw, device=dev).repeat(uh)  # [Lk]
+
+    out = attention_with_logit_tables(
+        qb, kb, vb, [row_t, col_t], [key_row, key_col], impl=impl
+    )  # [N, nblk, bh*bw, dv]
+    out = out.view(n, nby, nbx, bh, bw, dv).permute(0, 1, 3, 2, 4, 5).reshape(n, hp, wp, dv)
+    return out[:, :h, :w].reshape(b, nh, h, w, dv)
+
+
+def _check_kernel_size(kernel_size: int) -> int:
+    if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be an odd integer >= 1; got {kernel_size!r}")
+    return (kernel_size - 1) // 2
+
+
+# ----------------------------------------------------------------------------- public functions
+def local_self_attention_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    kernel_size: int,
+    *,
+    block_size: int = 8,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """SASA local self-attention over centred ``k x k`` windows clipped to the map (Eq. 3).
+
+    Args:
+        q: ``[B, Nh, H, W, dk]`` queries (already scaled).
+        k: ``[B, Nh, H, W, dk]`` keys.
+        v: ``[B, Nh, H, W, dv]`` values.
+        rel_h: ``[kernel_size, dk//2]`` embeddings of the row offset ``y' - y`` (index
+            ``y' - y + r``), or None together with ``rel_w`` (no positional term).
+        rel_w: ``[kernel_size, dk - dk//2]`` embeddings of the column offset ``x' - x``.
+        kernel_size: odd spatial extent ``k = 2r + 1``.
+        block_size: query tile side ``b`` (capped at ``H`` / ``W``); any value gives the same
+            result, it trades the ``((b + 2r) / b)^2`` halo copies against the ``(b + 2r)^2``
+            keys every query of a tile scores.
+        impl: ``"auto"``, ``"fused"`` or ``"materialized"`` (see ``attention_with_logit_tables``).
+
+    Returns:
+        ``[B, Nh, H, W, dv]``.
+    """
+    r = _check_kernel_size(kernel_size)
+    _check_qkv(q, k, v, rel_h, rel_w)
+    if rel_h is not None and rel_h.shape[0] != kernel_size:
+        raise ValueError(
+            f"rel_h/rel_w must have kernel_size={kernel_size} rows; got {rel_h.shape[0]}"
+        )
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
+    h, w = q.shape[2], q.shape[3]
+    block_hw = (min(block_size, h), min(block_size, w))
+    return _blocked_attention(q, k, v, rel_h, rel_w, radius=r, halo=r, block_hw=block_hw, impl=impl)
+
+
+def block_self_attention_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    block_size: int,
+    *,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Self-attention within non-overlapping ``b x b`` blocks (the SASA attention stem).
+
+    Pixel ``(y, x)`` attends to every in-map pixel of its block ``(y // b, x // b)``, with
+    relative logits ``q[:dk//2] . rel_h[y' - y + b - 1] + q[dk//2:] . rel_w[x' - x + b - 1]``.
+    Blocks are aligned to the map's top-left corner; the last row/column of blocks may be cut by
+    the map's border (their missing pixels are excluded from the softmax).
+
+    Args:
+        q, k: ``[B, Nh, H, W, dk]``; v: ``[B, Nh, H, W, dv]``.
+        rel_h: ``[2b - 1, dk//2]`` or None (with ``rel_w``); rel_w: ``[2b - 1, dk - dk//2]``.
+        block_size: ``b >= 1``.
+        impl: see :func:`local_self_attention_2d`.
+
+    Returns:
+        ``[B, Nh, H, W, dv]``.
+    """
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
+    _check_qkv(q, k, v, rel_h, rel_w)
+    if rel_h is not None and rel_h.shape[0] != 2 * block_size - 1:
+        raise ValueError(
+            f"rel_h/rel_w must have 2 * block_size - 1 = {2 * block_size - 1} rows; got {rel_h.shape[0]}"
+        )
+    b = block_size
+    return _blocked_attention(q, k, v, rel_h, rel_w, radius=b - 1, halo=0, block_hw=(b, b), impl=impl)
+
+
+def local_attention_probs_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    kernel_size: int,
+) -> torch.Tensor:
+    """Attention probabilities of :func:`local_self_attention_2d`, per window offset.
+
+    Stores ``k^2`` probabilities per pixel (an analysis/test helper; computed in float32, or
+    float64 for float64 inputs, with out-of-map neighbours at exactly 0).
+
+    Returns:
+        ``[B, Nh, H, W, k, k]``: ``p[..., y, x, a, c]`` is the weight of key ``(y + a - r, x + c - r)``.
+    """
+    r = _check_kernel_size(kernel_size)
+    _check_qkv(q, k, k, rel_h, rel_w)
+    b, nh, h, w, dk = q.shape
+    ct = torch.promote_types(q.dtype, torch.float32)
+    qc, kc = q.to(ct), k.to(ct)
+    kp = F.pad(kc, (0, 0, r, r, r, r))  # [B, Nh, H + 2r, W + 2r, dk]
+    kw = kp.unfold(2, kernel_size, 1).unfold(3, kernel_size, 1)  # [B, Nh, H, W, dk, k, k]
+    logits = torch.einsum("bnyxd,bnyxdac->bnyxac", qc, kw)
+    if rel_h is not None:
+        dr = dk // 2
+        logits = logits + torch.matmul(qc[..., :dr], rel_h.to(ct).t())[..., :, None]
+        logits = logits + torch.matmul(qc[..., dr:], rel_w.to(ct).t())[..., None, :]
+    off = torch.arange(kernel_size, device=q.device) - r
+    rows = torch.arange(h, device=q.device)[:, None] + off[None, :]  # [H, k]
+    cols = torch.arange(w, device=q.device)[:, None] + off[None, :]  # [W, k]
+    in_map = ((rows >= 0) & (rows < h))[:, None, :, None] & ((cols >= 0) & (cols < w))[None, :, None, :]
+    logits = logits.masked_fill(~in_map, float("-inf"))  # [.., H, W, k, k]; the centre is in-map
+    probs = torch.softmax(logits.flatten(-2), dim=-1)
+    return probs.view(b, nh, h, w, kernel_size, kernel_size)

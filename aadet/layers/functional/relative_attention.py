@@ -1,0 +1,284 @@
+"""Global 2D relative self-attention: the attention of Attention Augmented convolutions.
+
+Paper: Bello, Zoph, Vaswani, Shlens, Le, "Attention Augmented Convolutional Networks", ICCV 2019
+(Section 3.2 and Appendix A.3, Figures 7-8: ``rel_to_abs`` / ``relative_logits_1d`` /
+``relative_logits``).
+
+For a ``[H, W]`` map flattened to ``HW`` positions, the attention logits of one head are::
+
+    logits[(y, x), (y', x')] = q[y, x] . k[y', x']
+                             + q[y, x] . rel_h[y' - y + H - 1]      # relative height
+                             + q[y, x] . rel_w[x' - x + W - 1]      # relative width
+
+with ``rel_h`` ``[2H-1, d]`` and ``rel_w`` ``[2W-1, d]`` learned embeddings of the offset *key
+minus query* (the paper's ``r^H_{l-i}``, ``r^W_{m-j}``). The paper's memory-efficient algorithm
+never stores ``[HW, HW, d]``: one einsum of ``q`` with ``rel`` gives ``[.., L, 2L-1]`` logits
+per query row, and ``rel_to_abs`` (a pad-and-reshape) turns the relative column index into the
+absolute key coordinate. We go one step further and never tile those ``[.., HW, H]`` /
+``[.., HW, W]`` tables to ``[HW, HW]`` either: they are handed, with the row/column of every
+key, to :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`, which adds
+them inside a fused attention kernel (or a chunked float32 softmax).
+
+No scaling happens here: the caller scales ``q`` (by ``dkh ** -0.5``) *before*, so the relative
+logits see the scaled query, exactly as in the paper's code.
+"""
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .logit_tables import attention_with_logit_tables
+
+__all__ = [
+    "rel_to_abs",
+    "relative_logits_1d",
+    "relative_logit_tables_2d",
+    "relative_table_for_length",
+    "relative_self_attention_2d",
+    "relative_attention_weights_2d",
+]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types and float32, float64 for float64 (references, gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
+    """Relative to absolute indexing: ``out[..., i, j] = x[..., i, j - i + L - 1]``.
+
+    The paper's pad-and-reshape trick (Appendix A.3, ``rel_to_abs``): append one zero column,
+    flatten, append ``L - 1`` zeros, view as ``[L + 1, 2L - 1]`` and keep ``[:L, L - 1:]``.
+    Row ``i`` is then shifted left by ``L - 1 - i``, i.e. column ``j`` holds relative index
+    ``j - i + L - 1``.
+
+    Args:
+        x: ``[*, L, 2L - 1]``, the last axis indexed by ``offset + L - 1``.
+
+    Returns:
+        ``[*, L, L]``, the last axis indexed by the absolute (key) coordinate.
+    """
+    *batch, length, m = x.shape
+    if m != 2 * length - 1:
+        raise ValueError(f"rel_to_abs expects x of shape [*, L, 2L-1]; got {tuple(x.shape)}")
+    x = torch.nn.functional.pad(x, (0, 1))  # [*, L, 2L]
+    x = x.reshape(*batch, 2 * length * length)  # [*, 2L^2]
+    x = torch.nn.functional.pad(x, (0, length - 1))  # [*, 2L^2 + L - 1] = [*, (L+1)(2L-1)]
+    x = x.reshape(*batch, length + 1, 2 * length - 1)  # [*, L + 1, 2L - 1]
+    return x[..., :length, length - 1:]  # [*, L, L]
+
+
+def relative_logits_1d(q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+    """Relative logits along one axis: ``out[..., i, j] = q[..., i, :] . rel[j - i + L - 1]``.
+
+    Args:
+        q: ``[*, L, d]`` queries along the axis (the other axes in ``*``).
+        rel: ``[2L - 1, d]`` embeddings of the offsets ``-(L-1) .. L-1``.
+
+    Returns:
+        ``[*, L, L]``: for query ``i`` and key coordinate ``j`` along the axis.
+    """
+    length, d = q.shape[-2:]
+    if tuple(rel.shape) != (2 * length - 1, d):
+        raise ValueError(
+            f"rel must have shape [2L-1, d] = [{2 * length - 1}, {d}] for q of shape "
+            f"{tuple(q.shape)}; got {tuple(rel.shape)}"
+        )
+    logits = torch.matmul(q, rel.transpose(0, 1))  # [*, L, 2L-1]
+    return rel_to_abs(logits)  # [*, L, L]
+
+
+def relative_logit_tables_2d(
+    q: torch.Tensor, rel_h: Optional[torch.Tensor], rel_w: Optional[torch.Tensor]
+) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """Per-query row/column logit tables and the row/column of each key.
+
+    Returns ``(tables, key_index)`` for
+    :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`:
+
+    * ``Th[b, n, y*W + x, y'] = q[b, n, y, x] . rel_h[y' - y + H - 1]`` ``[B, Nh, HW, H]``, keyed
+      by ``y' = j // W``;
+    * ``Tw[b, n, y*W + x, x'] = q[b, n, y, x] . rel_w[x' - x + W - 1]`` ``[B, Nh, HW, W]``, keyed
+      by ``x' = j % W``.
+
+    A ``None`` embedding contributes no table. Tables are computed in float32 (float64 for
+    float64 ``q``) with autocast off, so large logits keep their precision under bf16 autocast.
+
+    Args:
+        q: ``[B, Nh, H, W, d]`` (already scaled) queries.
+        rel_h: ``[2H - 1, d]`` or None.
+        rel_w: ``[2W - 1, d]`` or None.
+    """
+    b, nh, h, w, d = q.shape
+    tables, key_index = [], []
+    if rel_h is None and rel_w is None:
+        return tables, key_index
+    ct = _compute_dtype(q.dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        qc = q.to(ct)
+        pos = torch.arange(h * w, device=q.device)
+        if rel_h is not None:
+            # Rows play the role of L: move H next to d. [B, Nh, W, H, d] -> [B, Nh, W, H, H]
+            th = relative_logits_1d(qc.transpose(2, 3), rel_h.to(ct))
+            th = th.transpose(2, 3).reshape(b, nh, h * w, h)  # [B, Nh, H, W, H] -> [B, Nh, HW, H]
+            tables.append(th)
+            key_index.append(pos // w)
+        if rel_w is not None:
+            tw = relative_logits_1d(qc, rel_w.to(ct))  # [B, Nh, H, W, W]
+            tables.append(tw.reshape(b, nh, h * w, w))  # [B, Nh, HW, W]
+            key_index.append(pos % w)
+    return tables, key_index
+
+
+def relative_table_for_length(table: torch.Tensor, length: int) -> torch.Tensor:
+    """The ``[2L - 1, d]`` embeddings a length-``L`` axis uses from a ``[2 Lmax - 1, d]`` table.
+
+    For ``L <= Lmax`` this is the centre slice (offsets ``-(L-1) .. L-1``; a view). For
+    ``L > Lmax`` offsets beyond ``Lmax - 1`` are clipped onto the table's ends (Shaw et al.'s
+    clipping). Callers that do not want clipping must check ``L <= Lmax`` themselves.
+
+    Args:
+        table: ``[2 * Lmax - 1, d]``.
+        length: ``L >= 1``.
+    """
+    rows = table.shape[0]
+    if rows % 2 != 1:
+        raise ValueError(f"table must have an odd number of rows 2*Lmax-1; got {rows}")
+    if length < 1:
+        raise ValueError(f"length must be >= 1; got {length}")
+    lmax = (rows + 1) // 2
+    if length <= lmax:
+        return table.narrow(0, lmax - length, 2 * length - 1)
+    offsets = torch.arange(-(length - 1), length, device=table.device)
+    idx = offsets.clamp(-(lmax - 1), lmax - 1) + (lmax - 1)
+    return table.index_select(0, idx)
+
+
+def _check_rel(name: str, rel: Optional[torch.Tensor], length: int, axis: str, d: int):
+    if rel is None:
+        return
+    if rel.dim() != 2 or tuple(rel.shape) != (2 * length - 1, d):
+        raise ValueError(
+            f"{name} must have shape [2*{axis}-1, dk] = [{2 * length - 1}, {d}] for a map with "
+            f"{axis}={length}; got {tuple(rel.shape)}"
+        )
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor):
+    if q.dim() != 5:
+        raise ValueError(f"q must have shape [B, Nh, H, W, dk]; got {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
+    if q.shape[2] < 1 or q.shape[3] < 1 or q.shape[4] < 1:
+        raise ValueError(f"q must have H, W, dk >= 1; got {tuple(q.shape)}")
+
+
+def relative_self_attention_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor] = None,
+    rel_w: Optional[torch.Tensor] = None,
+    *,
+    impl: str = "auto",
+    query_chunk: int = 0,
+) -> torch.Tensor:
+    """Global multi-head self-attention over a 2D map with 2D relative logits (AA, Sec. 3.2).
+
+    ``out[y, x] = sum_{y', x'} softmax_{y', x'}(q[y,x].k[y',x'] + q[y,x].rel_h[y'-y+H-1]
+    + q[y,x].rel_w[x'-x+W-1]) v[y', x']`` for every batch element and head.
+
+    Args:
+        q: ``[B, Nh, H, W, dk]`` queries, already scaled (no scaling happens here).
+        k: ``[B, Nh, H, W, dk]`` keys.
+        v: ``[B, Nh, H, W, dv]`` values.
+        rel_h: ``[2H - 1, dk]`` height embeddings (shared across heads), or None for no
+            height term.
+        rel_w: ``[2W - 1, dk]`` width embeddings, or None for no width term.
+        impl: ``"auto"``, ``"fused"`` or ``"materialized"``; see
+            :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
+        query_chunk: queries per chunk of the materialized route (0 = all).
+
+    Returns:
+        ``[B, Nh, H, W, dv]``.
+    """
+    _check_qk(q, k)
+    b, nh, h, w, dk = q.shape
+    if v.dim() != 5 or tuple(v.shape[:4]) != (b, nh, h, w):
+        raise ValueError(
+            f"v must have shape [B, Nh, H, W, dv] with [B, Nh, H, W] = {[b, nh, h, w]}; "
+            f"got {tuple(v.shape)}"
+        )
+    _check_rel("rel_h", rel_h, h, "H", dk)
+    _check_rel("rel_w", rel_w, w, "W", dk)
+    if query_chunk < 0:
+        raise ValueError(f"query_chunk must be >= 0 (0 = all queries at once); got {query_chunk}")
+    tables, key_index = relative_logit_tables_2d(q, rel_h, rel_w)
+    out = attention_with_logit_tables(
+        q.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]
+        k.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]
+        v.reshape(b, nh, h * w, v.shape[-1]),  # [B, Nh, HW, dv]
+        tables,
+        key_index,
+        impl=impl,
+        query_chunk=query_chunk,
+    )  # [B, Nh, HW, dv]
+    return out.reshape(b, nh, h, w, v.shape[-1])
+
+
+def _query_positions(query_yx, h: int, w: int, device) -> torch.Tensor:
+    yx = torch.as_tensor(query_yx, dtype=torch.long, device=device)
+    if yx.dim() == 1 and yx.numel() == 2:
+        yx = yx.view(1, 2)
+    if yx.dim() != 2 or yx.shape[1] != 2:
+        raise ValueError(f"query_yx must be P (y, x) pairs, shape [P, 2]; got {tuple(yx.shape)}")
+    bad = (yx[:, 0] < 0) | (yx[:, 0] >= h) | (yx[:, 1] < 0) | (yx[:, 1] >= w)
+    if bool(bad.any()):
+        raise ValueError(
+            f"query_yx must lie in [0, {h}) x [0, {w}) (the attention map); got "
+            f"{yx[bad].tolist()}"
+        )
+    return yx
+
+
+def relative_attention_weights_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    query_yx: Union[torch.Tensor, Sequence[Sequence[int]]],
+) -> torch.Tensor:
+    """Attention probabilities of selected queries, for visualization (AA, Appendix A.4).
+
+    Costs ``O(P * HW)``, not ``O((HW)^2)``: only the ``P`` requested rows of the attention
+    matrix are computed (in float32, or float64 for float64 inputs).
+
+    Args:
+        q: ``[B, Nh, H, W, dk]`` (already scaled) queries.
+        k: ``[B, Nh, H, W, dk]`` keys.
+        rel_h: ``[2H - 1, dk]`` or None.
+        rel_w: ``[2W - 1, dk]`` or None.
+        query_yx: ``[P, 2]`` integer ``(y, x)`` query positions on the ``[H, W]`` map.
+
+    Returns:
+        ``[B, Nh, P, H, W]``: for each query, a distribution over key positions (sums to 1).
+    """
+    _check_qk(q, k)
+    b, nh, h, w, dk = q.shape
+    _check_rel("rel_h", rel_h, h, "H", dk)
+    _check_rel("rel_w", rel_w, w, "W", dk)
+    yx = _query_positions(query_yx, h, w, q.device)
+    ys, xs = yx[:, 0], yx[:, 1]
+    ct = _compute_dtype(q.dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        qp = q[:, :, ys, xs].to(ct)  # [B, Nh, P, dk]
+        logits = torch.einsum("bnpd,bnyxd->bnpyx", qp, k.to(ct))  # [B, Nh, P, H, W]
+        if rel_h is not None:
+            idx = torch.arange(h, device=q.device)[None, :] - ys[:, None] + h - 1  # [P, H]
+            rh = rel_h.to(ct)[idx]  # [P, H, dk]
+            logits = logits + torch.einsum("bnpd,pyd->bnpy", qp, rh)[..., :, None]
+        if rel_w is not None:
+            idx = torch.arange(w, device=q.device)[None, :] - xs[:, None] + w - 1  # [P, W]
+            rw = rel_w.to(ct)[idx]  # [P, W, dk]
+            logits = logits + torch.einsum("bnpd,pxd->bnpx", qp, rw)[..., None, :]
+        weights = torch.softmax(logits.reshape(b, nh, -1, h * w), dim=-1)  # [B, Nh, P, HW]
+    return weights.reshape(b, nh, -1, h, w)

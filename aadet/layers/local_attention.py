@@ -1,0 +1,228 @@
+"""The stand-alone local self-attention layer of SASA, a drop-in for a spatial convolution.
+
+Paper: Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
+Section 2.2 (Eq. 2-3): per pixel, ``Nh`` heads attend over the ``k x k`` neighbourhood with
+queries/keys/values from 1x1 projections ``W_Q, W_K, W_V`` (``d_out x d_in``, no bias) and
+relative logits ``q . r_{a-i, b-j}`` (row and column offset embeddings of ``dkh/2`` channels
+each, concatenated). Section 3.1: when a spatial convolution had a stride, the attention layer
+is followed by a 2x2 average pooling with stride 2.
+
+The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (blocked, with
+halos, masks for the map borders; see there). This module adds the projections, the head
+split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling, and, like
+Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
+stand wherever a ``Conv2d(..., norm=...)`` stood.
+"""
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .functional.local_attention import local_self_attention_2d
+from .position_encoding import sine_2d
+
+__all__ = ["LocalSelfAttention2d", "split_heads", "merge_heads"]
+
+_POSITIONAL = ("relative", "absolute", "none")
+_IMPLS = ("auto", "fused", "materialized")
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, Nh * d, H, W]`` -> ``[B, Nh, H, W, d]``."""
+    b, c, h, w = x.shape
+    return x.view(b, num_heads, c // num_heads, h, w).permute(0, 1, 3, 4, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``[B, Nh, H, W, d]`` -> ``[B, Nh * d, H, W]``."""
+    b, nh, h, w, d = x.shape
+    return x.permute(0, 1, 4, 2, 3).reshape(b, nh * d, h, w)
+
+
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+
+
+class LocalSelfAttention2d(nn.Module):
+    """Multi-head local self-attention over ``k x k`` windows (SASA), optionally strided.
+
+    ``forward(x)``: ``x [B, in_channels, H, W]`` ->
+
+    * ``q, k, v = W_Q x', W_K x', W_V x`` (1x1, no bias, ``out_channels`` each), split into
+      ``Nh`` heads of ``dkh = out_channels / Nh`` channels: ``[B, Nh, H, W, dkh]``;
+      ``x' = x`` except for ``positional_encoding="absolute"``;
+    * ``q *= dkh ** -0.5``;
+    * local attention over centred ``k x k`` windows clipped to the map: ``[B, Nh, H, W, dkh]``,
+      heads concatenated: ``[B, out_channels, H, W]``;
+    * ``stride == 2``: 2x2 average pooling with stride 2 (``ceil_mode``, averaging only in-map
+      pixels), so the output is ``[B, out, ceil(H/2), ceil(W/2)]`` -- the size a stride-2 1x1
+      or 3x3/pad-1 convolution gives;
+    * ``+ bias`` (if any), ``norm``, ``activation``.
+
+    Positional encodings (paper Table 5):
+
+    * ``"relative"``: ``rel_h [k, dkh//2]`` and ``rel_w [k, dkh - dkh//2]``, shared by all heads,
+      initialised ``N(0, dkh ** -0.5)`` (the initializer of the AA/SASA reference code: the
+      relative logits start an order of magnitude below the content logits);
+    * ``"absolute"``: the 2D sine encoding of the Image Transformer
+      (:func:`aadet.layers.position_encoding.sine_2d`, integer pixel positions of this map) is
+      added to the input of the query and key projections, not of the values;
+    * ``"none"``: content only (permutation-equivariant inside each window).
+
+    Initialisation: ``W_Q, W_K, W_V ~ N(0, in_channels ** -0.5)`` (variance preserving);
+    callers replacing a convolution re-initialise ``value`` with that convolution's scheme.
+
+    Args:
+        in_channels, out_channels: channels of input and output (``out_channels`` is also the
+            width of ``q``, ``k`` and ``v``).
+        kernel_size: odd spatial extent ``k >= 1`` (paper: 7).
+        num_heads: ``Nh``, must divide ``out_channels`` (paper: 8).
+        stride: 1 or 2.
+        positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"absolute"`` or ``"none"``.
+        block_size: query tile side of the blocked implementation (speed/memory only).
+        impl: ``"auto"``, ``"fused"`` or ``"materialized"`` (see ``attention_with_logit_tables``).
+        bias: add a learned per-channel bias to the output (off in the paper; used where the
+            layer replaces a biased convolution).
+        norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).
+        activation: callable applied last (e.g. ``F.relu``).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 7,
+        num_heads: int = 8,
+        stride: int = 1,
+        positional_encoding: str = "relative",
+        block_size: int = 8,
+        impl: str = "auto",
+        *,
+        bias: bool = False,
+        norm: Optional[nn.Module] = None,
+        activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    ):
+        super().__init__()
+        _check_positive_int("in_channels", in_channels)
+        _check_positive_int("out_channels", out_channels)
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("block_size", block_size)
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be an odd integer >= 1; got {kernel_size!r}")
+        if out_channels % num_heads != 0:
+            raise ValueError(
+                f"num_heads must divide out_channels; got num_heads={num_heads}, "
+                f"out_channels={out_channels}"
+            )
+        if stride not in (1, 2):
+            raise ValueError(f"stride must be 1 or 2; got {stride!r}")
+        if positional_encoding not in _POSITIONAL:
+            raise ValueError(
+                f"positional_encoding must be one of {_POSITIONAL}; got {positional_encoding!r}"
+            )
+        dkh = out_channels // num_heads
+        if positional_encoding == "relative" and dkh < 2:
+            raise ValueError(
+                "positional_encoding='relative' needs at least 2 channels per head "
+                f"(out_channels / num_heads); got out_channels={out_channels}, num_heads={num_heads}"
+            )
+        if impl not in _IMPLS:
+            raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+        self.num_heads = num_heads
+        self.stride = stride
+        self.positional_encoding = positional_encoding
+        self.block_size = block_size
+        self.impl = impl
+        self.head_channels = dkh
+
+        self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)
+        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)
+        self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)
+        for proj in (self.query, self.key, self.value):
+            nn.init.normal_(proj.weight, std=in_channels ** -0.5)
+        if positional_encoding == "relative":
+            self.rel_h = nn.Parameter(torch.randn(kernel_size, dkh // 2) * dkh ** -0.5)
+            self.rel_w = nn.Parameter(torch.randn(kernel_size, dkh - dkh // 2) * dkh ** -0.5)
+        else:
+            self.register_parameter("rel_h", None)
+            self.register_parameter("rel_w", None)
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.norm = norm
+        self.activation = activation
+
+    def output_size(self, input_hw: Tuple[int, int]) -> Tuple[int, int]:
+        """``(H, W)`` of the output for an ``(H, W)`` input: ``ceil`` of ``/ stride``."""
+        h, w = input_hw
+        return -(-h // self.stride), -(-w // self.stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, in_channels, H, W]`` -> ``[B, out_channels, ceil(H/stride), ceil(W/stride)]``."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"LocalSelfAttention2d expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
+            )
+        _, _, h, w = x.shape
+        x_qk = x
+        if self.positional_encoding == "absolute":
+            x_qk = x + sine_2d(h, w, self.in_channels, device=x.device, dtype=x.dtype)
+        nh = self.num_heads
+        q = split_heads(self.query(x_qk), nh) * self.head_channels ** -0.5  # [B, Nh, H, W, dkh]
+        k = split_heads(self.key(x_qk), nh)  # [B, Nh, H, W, dkh]
+        v = split_heads(self.value(x), nh)  # [B, Nh, H, W, dkh]
+        out = local_self_attention_2d(
+            q, k, v, self.rel_h, self.rel_w, self.kernel_size,
+            block_size=self.block_size, impl=self.impl,
+        )  # [B, Nh, H, W, dkh]
+        out = merge_heads(out)  # [B, out_channels, H, W]
+        if self.stride == 2:
+            out = F.avg_pool2d(out, 2, 2, ceil_mode=True, count_include_pad=False)
+        if self.bias is not None:
+            out = out + self.bias.view(1, -1, 1, 1).to(out.dtype)
+        if self.norm is not None:
+            out = self.norm(out)
+        if self.activation is not None:
+            out = self.activation(out)
+        return out
+
+    def flop_count(self, input_hw: Tuple[int, int]) -> Dict[str, int]:
+        """Multiply-adds of one image of size ``input_hw`` (fvcore's convention: 1 MAC = 1 flop;
+        the paper counts 2 FLOPs per MAC).
+
+        Idealised like a zero-padded convolution: every query scores ``k^2`` keys, whatever the
+        border, and the blocked implementation's extra halo work is not counted. With
+        ``n = H * W`` queries, ``C_in``, ``C = out_channels``, ``Nh`` heads of ``dkh``:
+
+        * ``projections``: ``3 * n * C_in * C`` (q, k, v 1x1 convolutions);
+        * ``content_logits``: ``n * k^2 * C`` (``Nh * k^2`` dot products of ``dkh``);
+        * ``relative_logits``: ``n * k * C`` (``Nh`` heads x (``k`` row + ``k`` column) dot
+          products of ``dkh/2``), 0 unless ``"relative"``;
+        * ``weighted_sum``: ``n * k^2 * C``;
+        * ``pooling``: ``n * C`` additions for stride 2, else 0;
+        * ``total``: their sum.
+        """
+        h, w = input_hw
+        n = h * w
+        c, k = self.out_channels, self.kernel_size
+        out = {
+            "projections": 3 * n * self.in_channels * c,
+            "content_logits": n * k * k * c,
+            "relative_logits": n * k * c if self.positional_encoding == "relative" else 0,
+            "weighted_sum": n * k * k * c,
+            "pooling": n * c if self.stride == 2 else 0,
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"num_heads={self.num_heads}, stride={self.stride}, "
+            f"positional_encoding={self.positional_encoding!r}, block_size={self.block_size}, "
+            f"impl={self.impl!r}, bias={self.bias is not None}"
+        )

@@ -1,0 +1,341 @@
+"""SASA local self-attention: the blocked functional core against a pixel-by-pixel float64
+brute force of Eq. 3, its borders/masks/gradients/low precision, and the LocalSelfAttention2d
+layer (equivariance, strides, validation, FLOP formula)."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from detectron2.layers import Conv2d
+
+from aadet.layers.functional.local_attention import (
+    local_attention_probs_2d,
+    local_self_attention_2d,
+)
+from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads
+from aadet.layers.position_encoding import sine_2d
+
+D = torch.float64
+
+
+def brute_force(q, k, v, rel_h, rel_w, kernel_size):
+    """Eq. 3 pixel by pixel in float64: softmax over the in-map part of the centred window."""
+    b, nh, h, w, dk = q.shape
+    r = kernel_size // 2
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(b, nh, h, w, v.shape[-1], dtype=D)
+    for bi, n, y, x in itertools.product(range(b), range(nh), range(h), range(w)):
+        logits, values = [], []
+        for yy in range(max(0, y - r), min(h, y + r + 1)):
+            for xx in range(max(0, x - r), min(w, x + r + 1)):
+                logit = q[bi, n, y, x] @ k[bi, n, yy, xx]
+                if rel_h is not None:
+                    logit = logit + q[bi, n, y, x, : dk // 2] @ rel_h[yy - y + r].double()
+                    logit = logit + q[bi, n, y, x, dk // 2:] @ rel_w[xx - x + r].double()
+                logits.append(logit)
+                values.append(v[bi, n, yy, xx])
+        p = torch.softmax(torch.stack(logits), 0)
+        out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
+    return out
+
+
+def _inputs(b, nh, h, w, dk, dv, ks, dtype=D, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, nh, h, w, dk, generator=g, dtype=dtype) * scale
+    k = torch.randn(b, nh, h, w, dk, generator=g, dtype=dtype) * scale
+    v = torch.randn(b, nh, h, w, dv, generator=g, dtype=dtype)
+    rel_h = torch.randn(ks, dk // 2, generator=g, dtype=dtype)
+    rel_w = torch.randn(ks, dk - dk // 2, generator=g, dtype=dtype)
+    return q, k, v, rel_h, rel_w
+
+
+# ----------------------------------------------------------------------------- functional core
+CASES = [  # (H, W, kernel_size, block_size)
+    (5, 7, 3, 2),
+    (5, 7, 5, 8),
+    (9, 4, 5, 3),
+    (3, 2, 7, 8),  # map smaller than the window
+    (7, 7, 7, 4),
+    (4, 9, 3, 1),
+    (1, 1, 3, 8),
+    (6, 5, 1, 4),  # k = 1: each pixel attends to itself only
+]
+
+
+@pytest.mark.parametrize("h,w,ks,bs", CASES)
+@pytest.mark.parametrize("impl", ["materialized", "fused"])
+@pytest.mark.parametrize("relative", [True, False])
+def test_matches_brute_force(h, w, ks, bs, impl, relative):
+    q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)  # odd dk: halves of 2 and 3 channels
+    if not relative:
+        rh = rw = None
+    out = local_self_attention_2d(q, k, v, rh, rw, ks, block_size=bs, impl=impl)
+    assert out.shape == (2, 2, h, w, 3)
+    torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
+
+
+def test_float32_fused_matches_brute_force():
+    q, k, v, rh, rw = _inputs(1, 3, 11, 6, 8, 8, 7, dtype=torch.float32)
+    out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4)  # auto -> fused
+    torch.testing.assert_close(out.double(), brute_force(q, k, v, rh, rw, 7), rtol=0, atol=2e-6)
+
+
+def test_block_size_does_not_change_the_result():
+    q, k, v, rh, rw = _inputs(1, 2, 10, 13, 4, 4, 5)
+    ref = local_self_attention_2d(q, k, v, rh, rw, 5, block_size=4)
+    for bs in (1, 2, 3, 5, 7, 16):
+        out = local_self_attention_2d(q, k, v, rh, rw, 5, block_size=bs)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+
+
+def test_zero_queries_give_the_in_map_window_mean():
+    # q = 0 and no positions: uniform weights over the in-map neighbours only, i.e. exactly an
+    # average pooling that does not count the padding. Zero-padded keys would pull it to 0.
+    _, k, v, _, _ = _inputs(1, 1, 7, 6, 4, 3, 5)
+    q = torch.zeros_like(k)
+    out = local_self_attention_2d(q, k, v, None, None, 5, block_size=4)
+    vmap = v[0, 0].permute(2, 0, 1)  # [dv, H, W]
+    ref = F.avg_pool2d(vmap[None], 5, stride=1, padding=2, count_include_pad=False)[0]
+    torch.testing.assert_close(out[0, 0].permute(2, 0, 1), ref, rtol=0, atol=1e-13)
+    # corner: 3x3 in-map neighbours of the 5x5 window
+    torch.testing.assert_close(out[0, 0, 0, 0], v[0, 0, :3, :3].mean((0, 1)), rtol=0, atol=1e-13)
+
+
+def test_constant_values_stay_constant_at_the_border():
+    # If padding got any weight (its values are 0), outputs near the border would drop below 1.
+    q, k, _, rh, rw = _inputs(2, 2, 5, 9, 6, 1, 7, scale=3.0)
+    v = torch.ones(2, 2, 5, 9, 1, dtype=D)
+    out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=3)
+    torch.testing.assert_close(out, torch.ones_like(out), rtol=0, atol=1e-13)
+
+
+def test_keys_outside_the_window_have_no_influence():
+    q, k, v, rh, rw = _inputs(1, 1, 9, 8, 4, 2, 3)
+    base = local_self_attention_2d(q, k, v, rh, rw, 3, block_size=4)
+    k2, v2 = k.clone(), v.clone()
+    k2[0, 0, 6, 6] += 5.0  # a key 3 rows/cols away from (3, 3): outside its 3x3 window
+    v2[0, 0, 6, 6] += 5.0
+    out = local_self_attention_2d(q, k2, v2, rh, rw, 3, block_size=4)
+    changed = (out - base).abs().amax(-1)[0, 0] > 0  # [H, W]
+    expected = torch.zeros(9, 8, dtype=torch.bool)
+    expected[5:8, 5:8] = True  # exactly the queries whose window contains (6, 6)
+    assert torch.equal(changed, expected)
+
+
+@pytest.mark.parametrize("h,w,ks", [(5, 7, 3), (3, 2, 7), (6, 6, 5)])
+def test_probabilities_sum_to_one_over_in_map_keys(h, w, ks):
+    q, k, v, rh, rw = _inputs(1, 2, h, w, 4, 3, ks, scale=2.0)
+    p = local_attention_probs_2d(q, k, rh, rw, ks)  # [B, Nh, H, W, k, k]
+    r = ks // 2
+    torch.testing.assert_close(p.sum((-1, -2)), torch.ones(1, 2, h, w, dtype=D), rtol=0, atol=1e-12)
+    for y, x in itertools.product(range(h), range(w)):
+        for a, c in itertools.product(range(ks), range(ks)):
+            yy, xx = y + a - r, x + c - r
+            if not (0 <= yy < h and 0 <= xx < w):
+                assert torch.all(p[..., y, x, a, c] == 0)
+    # the probabilities reproduce the blocked output
+    vp = F.pad(v, (0, 0, r, r, r, r)).unfold(2, ks, 1).unfold(3, ks, 1)  # [B, Nh, H, W, dv, k, k]
+    out = torch.einsum("bnyxac,bnyxdac->bnyxd", p, vp)
+    torch.testing.assert_close(out, local_self_attention_2d(q, k, v, rh, rw, ks, block_size=2),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["materialized", "fused"])
+def test_gradcheck(impl):
+    q, k, v, rh, rw = _inputs(1, 1, 4, 3, 4, 2, 3)
+    args = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
+
+    def fn(q, k, v, rh, rw):
+        return local_self_attention_2d(q, k, v, rh, rw, 3, block_size=2, impl=impl)
+
+    assert torch.autograd.gradcheck(fn, args, atol=1e-7)
+
+
+def test_gradients_match_brute_force():
+    q, k, v, rh, rw = _inputs(1, 2, 5, 4, 4, 3, 5)
+    a = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
+    b = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
+    g = torch.randn(1, 2, 5, 4, 3, dtype=D)
+    (local_self_attention_2d(*a, 5, block_size=3, impl="fused") * g).sum().backward()
+    (brute_force(*b, 5) * g).sum().backward()
+    for ta, tb in zip(a, b):
+        torch.testing.assert_close(ta.grad, tb.grad, rtol=0, atol=1e-10)
+
+
+def test_large_logits_float32_still_exact():
+    # logits of a few hundred: the finite mask (-1e4) must still exclude out-of-window keys.
+    q, k, v, rh, rw = _inputs(1, 2, 6, 7, 8, 4, 3, dtype=torch.float32, scale=6.0)
+    out = local_self_attention_2d(q, k, v, rh, rw, 3, block_size=4)
+    ref = brute_force(q, k, v, rh, rw, 3)
+    assert float((q.double() * k.double()).sum(-1).abs().max()) > 100
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
+
+
+def test_bf16_autocast_finite_and_close_to_float32():
+    q, k, v, rh, rw = _inputs(2, 2, 9, 10, 16, 16, 7, dtype=torch.float32, scale=2.5)
+    ref = brute_force(*(t.bfloat16().float() for t in (q, k, v, rh, rw)), 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4)
+    assert out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    assert float((q * k).sum(-1).abs().max()) > 60  # large content logits
+    err = (out.double() - ref).abs()
+    # bf16 keeps 8 mantissa bits: the logits (|.| ~ 60) are rounded to ~0.25 in the tables.
+    assert float(err.mean()) < 0.01 and float(err.max()) < 0.25, (float(err.mean()), float(err.max()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_half_autocast(dtype):
+    q, k, v, rh, rw = (t.cuda() for t in _inputs(2, 4, 19, 23, 32, 32, 7, dtype=torch.float32, scale=2.0))
+    ref = local_self_attention_2d(q, k, v, rh, rw, 7, impl="materialized")
+    with torch.autocast("cuda", dtype=dtype):
+        out = local_self_attention_2d(q, k, v, rh, rw, 7)
+    assert torch.isfinite(out).all()
+    assert float((out.float() - ref).abs().mean()) < 0.05
+
+
+def test_functional_errors():
+    q, k, v, rh, rw = _inputs(1, 1, 4, 4, 4, 4, 3)
+    with pytest.raises(ValueError, match="kernel_size"):
+        local_self_attention_2d(q, k, v, None, None, 4)
+    with pytest.raises(ValueError, match="block_size"):
+        local_self_attention_2d(q, k, v, rh, rw, 3, block_size=0)
+    with pytest.raises(ValueError, match="rel_h"):
+        local_self_attention_2d(q, k, v, rh, rw, 5)
+    with pytest.raises(ValueError, match="both"):
+        local_self_attention_2d(q, k, v, rh, None, 3)
+    with pytest.raises(ValueError, match=r"\[B, Nh, H, W, d\]"):
+        local_self_attention_2d(q[0], k[0], v[0], rh, rw, 3)
+
+
+# ----------------------------------------------------------------------------- the layer
+def _manual_layer(layer, x):
+    """The layer's forward written out with the brute force (stride 1, no bias/norm)."""
+    nh, d = layer.num_heads, layer.head_channels
+    x_qk = x
+    if layer.positional_encoding == "absolute":
+        x_qk = x + sine_2d(x.shape[2], x.shape[3], x.shape[1], dtype=x.dtype)
+    q = split_heads(layer.query(x_qk), nh) * d ** -0.5
+    k = split_heads(layer.key(x_qk), nh)
+    v = split_heads(layer.value(x), nh)
+    return merge_heads(brute_force(q, k, v, layer.rel_h, layer.rel_w, layer.kernel_size))
+
+
+@pytest.mark.parametrize("pe", ["relative", "absolute", "none"])
+def test_layer_matches_brute_force(pe):
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, positional_encoding=pe,
+                                 block_size=3).double()
+    x = torch.randn(2, 6, 7, 5, dtype=D)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _manual_layer(layer, x), rtol=0, atol=1e-12)
+
+
+def test_layer_translation_equivariance_away_from_borders():
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(8, 16, kernel_size=5, num_heads=4, block_size=4).double()
+    x = torch.randn(1, 8, 20, 17, dtype=D)
+    dy, dx, r = 3, 2, 2
+    with torch.no_grad():
+        full = layer(x)
+        shifted = layer(x[:, :, dy:, dx:])  # the map moved by (-dy, -dx)
+    h2, w2 = shifted.shape[2:]
+    inner = (slice(None), slice(None), slice(r, h2 - r), slice(r, w2 - r))
+    torch.testing.assert_close(shifted[inner], full[:, :, dy:, dx:][inner], rtol=0, atol=1e-12)
+    # ...and not at the border (the window is clipped differently there)
+    assert float((shifted[:, :, 0, 0] - full[:, :, dy, dx]).abs().max()) > 1e-3
+
+
+def test_absolute_encoding_breaks_translation_equivariance():
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute").double()
+    x = torch.randn(1, 8, 12, 12, dtype=D)
+    with torch.no_grad():
+        diff = (layer(x[:, :, 2:, 2:])[:, :, 2:-2, 2:-2] - layer(x)[:, :, 4:-2, 4:-2]).abs().max()
+    assert float(diff) > 1e-3
+
+
+@pytest.mark.parametrize("hw", [(7, 9), (1, 1), (2, 5), (13, 6), (8, 8)])
+def test_stride2_output_size_equals_detectron2_shortcut(hw):
+    layer = LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2, stride=2)
+    shortcut = Conv2d(8, 16, kernel_size=1, stride=2, bias=False)
+    x = torch.randn(1, 8, *hw)
+    assert layer(x).shape == shortcut(x).shape
+    assert layer.output_size(hw) == tuple(shortcut(x).shape[2:])
+
+
+def test_stride2_averages_in_map_pixels_only():
+    torch.manual_seed(0)
+    s1 = LocalSelfAttention2d(4, 4, kernel_size=3, num_heads=1, stride=1).double()
+    s2 = LocalSelfAttention2d(4, 4, kernel_size=3, num_heads=1, stride=2).double()
+    s2.load_state_dict(s1.state_dict())
+    x = torch.randn(1, 4, 5, 7, dtype=D)
+    with torch.no_grad():
+        a, b = s1(x), s2(x)
+    assert b.shape == (1, 4, 3, 4)
+    torch.testing.assert_close(b[..., 0, 0], a[..., 0:2, 0:2].mean((-1, -2)))
+    torch.testing.assert_close(b[..., 2, 1], a[..., 4, 2:4].mean(-1))  # last row: 1 x 2 pixels
+    torch.testing.assert_close(b[..., 2, 3], a[..., 4, 6])  # corner: a single pixel
+
+
+def test_layer_bias_norm_activation():
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(2, 8)
+    layer = LocalSelfAttention2d(4, 8, kernel_size=3, num_heads=2, bias=True, norm=norm,
+                                 activation=F.relu)
+    plain = LocalSelfAttention2d(4, 8, kernel_size=3, num_heads=2)
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items()
+                           if not k.startswith(("norm", "bias"))})
+    with torch.no_grad():
+        layer.bias.fill_(0.5)
+        x = torch.randn(2, 4, 6, 6)
+        torch.testing.assert_close(layer(x), F.relu(norm(plain(x) + 0.5)))
+
+
+def test_layer_parameters_and_init():
+    layer = LocalSelfAttention2d(64, 128, kernel_size=7, num_heads=8)
+    assert sum(p.numel() for p in layer.parameters()) == 3 * 64 * 128 + 7 * 8 + 7 * 8
+    assert layer.rel_h.shape == (7, 8) and layer.rel_w.shape == (7, 8)
+    assert abs(float(layer.rel_h.detach().std()) - 16 ** -0.5) < 0.1
+    assert abs(float(layer.query.weight.detach().std()) - 64 ** -0.5) < 0.02
+    odd = LocalSelfAttention2d(4, 6, kernel_size=3, num_heads=2)  # dkh = 3 -> halves 1 and 2
+    assert odd.rel_h.shape == (3, 1) and odd.rel_w.shape == (3, 2)
+    assert LocalSelfAttention2d(4, 8, num_heads=2, positional_encoding="none").rel_h is None
+
+
+def test_flop_count_formula():
+    layer = LocalSelfAttention2d(64, 128, kernel_size=7, num_heads=8, stride=2)
+    f = layer.flop_count((10, 12))
+    n = 120
+    assert f["projections"] == 3 * n * 64 * 128
+    assert f["content_logits"] == n * 49 * 128 == 8 * n * 49 * 16  # Nh * k^2 dot products of dkh
+    assert f["weighted_sum"] == n * 49 * 128
+    assert f["relative_logits"] == n * 8 * 2 * 7 * 8  # Nh heads x 2k dot products of dkh/2
+    assert f["pooling"] == n * 128
+    assert f["total"] == sum(v for key, v in f.items() if key != "total") == 4_577_280
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(kernel_size=4), "kernel_size"),
+        (dict(kernel_size=0), "kernel_size"),
+        (dict(num_heads=3), "num_heads"),
+        (dict(stride=3), "stride"),
+        (dict(positional_encoding="sine"), "positional_encoding"),
+        (dict(num_heads=16), "2 channels per head"),
+        (dict(block_size=0), "block_size"),
+        (dict(impl="cuda"), "impl"),
+    ],
+)
+def test_layer_validation(kwargs, match):
+    args = dict(in_channels=8, out_channels=16, kernel_size=3, num_heads=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        LocalSelfAttention2d(**args)
+
+
+def test_layer_rejects_wrong_input_channels():
+    with pytest.raises(ValueError, match=r"\[B, 8, H, W\]"):
+        LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2)(torch.randn(1, 4, 5, 5))

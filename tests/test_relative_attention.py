@@ -1,0 +1,302 @@
+"""Tests of the 2D relative self-attention core (AA paper, Sec. 3.2 and Appendix A.3).
+
+References used here:
+  * a float64 pixel-by-pixel brute force written from the formula
+    ``logit[(y,x),(y',x')] = q.k + q.rel_h[y'-y+H-1] + q.rel_w[x'-x+W-1]``;
+  * a line-by-line PyTorch port of the paper's TensorFlow ``rel_to_abs`` /
+    ``relative_logits_1d`` / ``relative_logits`` (Appendix A.3, Figures 7-8), which builds the
+    full ``[B, Nh, HW, HW]`` logits by tiling.
+"""
+import pytest
+import torch
+
+from aadet.layers.functional import (
+    rel_to_abs,
+    relative_attention_weights_2d,
+    relative_logits_1d,
+    relative_self_attention_2d,
+    relative_table_for_length,
+)
+
+SIZES = [(5, 7), (9, 4), (1, 6), (6, 1), (1, 1)]
+PATHS = [("fused", 0), ("materialized", 0), ("materialized", 7)]
+
+
+def _inputs(b, nh, h, w, dk, dv, dtype=torch.float64, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, nh, h, w, dk, generator=g, dtype=dtype) * scale
+    k = torch.randn(b, nh, h, w, dk, generator=g, dtype=dtype) * scale
+    v = torch.randn(b, nh, h, w, dv, generator=g, dtype=dtype)
+    rel_h = torch.randn(2 * h - 1, dk, generator=g, dtype=dtype)
+    rel_w = torch.randn(2 * w - 1, dk, generator=g, dtype=dtype)
+    return q, k, v, rel_h, rel_w
+
+
+# ----------------------------------------------------------------------------- references
+def brute_force_logits(q, k, rel_h, rel_w):
+    """``[B, Nh, H, W, H, W]`` float64 logits, one query pixel and one key pixel at a time."""
+    q, k = q.double(), k.double()
+    b, nh, h, w, _ = q.shape
+    out = torch.zeros(b, nh, h, w, h, w, dtype=torch.float64)
+    for y in range(h):
+        for x in range(w):
+            for yy in range(h):
+                for xx in range(w):
+                    logit = (q[:, :, y, x] * k[:, :, yy, xx]).sum(-1)
+                    if rel_h is not None:
+                        logit = logit + (q[:, :, y, x] * rel_h.double()[yy - y + h - 1]).sum(-1)
+                    if rel_w is not None:
+                        logit = logit + (q[:, :, y, x] * rel_w.double()[xx - x + w - 1]).sum(-1)
+                    out[:, :, y, x, yy, xx] = logit
+    return out
+
+
+def brute_force(q, k, v, rel_h, rel_w):
+    b, nh, h, w, _ = q.shape
+    logits = brute_force_logits(q, k, rel_h, rel_w).reshape(b, nh, h, w, h * w)
+    weights = torch.softmax(logits, dim=-1)
+    return torch.einsum("bnyxj,bnjd->bnyxd", weights, v.double().reshape(b, nh, h * w, -1))
+
+
+def tf_rel_to_abs(x):
+    """Port of the paper's ``rel_to_abs`` (``tf.concat`` -> ``torch.cat``, same reshapes)."""
+    B, Nh, L, _ = x.shape
+    col_pad = torch.zeros((B, Nh, L, 1), dtype=x.dtype)
+    x = torch.cat([x, col_pad], dim=3)
+    flat_x = torch.reshape(x, [B, Nh, L * 2 * L])
+    flat_pad = torch.zeros((B, Nh, L - 1), dtype=x.dtype)
+    flat_x_padded = torch.cat([flat_x, flat_pad], dim=2)
+    final_x = torch.reshape(flat_x_padded, [B, Nh, L + 1, 2 * L - 1])
+    final_x = final_x[:, :, :L, L - 1:]
+    return final_x
+
+
+def tf_relative_logits_1d(q, rel_k, H, W, Nh, transpose_mask):
+    """Port of the paper's ``relative_logits_1d`` (``tf.tile`` -> ``repeat``)."""
+    rel_logits = torch.einsum("bhxyd,md->bhxym", q, rel_k)
+    rel_logits = torch.reshape(rel_logits, [-1, Nh * H, W, 2 * W - 1])
+    rel_logits = tf_rel_to_abs(rel_logits)
+    rel_logits = torch.reshape(rel_logits, [-1, Nh, H, W, W])
+    rel_logits = torch.unsqueeze(rel_logits, dim=3)
+    rel_logits = rel_logits.repeat(1, 1, 1, H, 1, 1)
+    rel_logits = rel_logits.permute(*transpose_mask)
+    rel_logits = torch.reshape(rel_logits, [-1, Nh, H * W, H * W])
+    return rel_logits
+
+
+def tf_relative_logits(q, rel_embeddings_h, rel_embeddings_w):
+    """Port of the paper's ``relative_logits`` with the embeddings passed in.
+
+    Offset convention: the TF tables are indexed ``m = (key - query) + L - 1`` (``rel_to_abs``
+    maps column ``j`` of query row ``i`` to ``m = j - i + L - 1``; the caption's
+    ``r_{l-i}``), i.e. the same rows as our ``rel_h``/``rel_w``, so they are passed unchanged.
+    """
+    _, Nh, H, W, _ = q.shape
+    rel_logits_w = tf_relative_logits_1d(q, rel_embeddings_w, H, W, Nh, [0, 1, 2, 4, 3, 5])
+    rel_logits_h = tf_relative_logits_1d(
+        q.permute(0, 1, 3, 2, 4), rel_embeddings_h, W, H, Nh, [0, 1, 4, 2, 5, 3]
+    )
+    return rel_logits_h, rel_logits_w
+
+
+def tf_self_attention(q, k, v, rel_h, rel_w):
+    """The attention part of the paper's ``self_attention_2d`` (q already scaled)."""
+    B, Nh, H, W, dkh = q.shape
+    flat = lambda x, d: torch.reshape(x, [-1, Nh, H * W, d])  # noqa: E731
+    logits = torch.matmul(flat(q, dkh), flat(k, dkh).transpose(-1, -2))
+    rel_logits_h, rel_logits_w = tf_relative_logits(q, rel_h, rel_w)
+    logits = logits + rel_logits_h + rel_logits_w
+    weights = torch.softmax(logits, dim=-1)
+    attn_out = torch.matmul(weights, flat(v, v.shape[-1]))
+    return torch.reshape(attn_out, [-1, Nh, H, W, v.shape[-1]])
+
+
+# ----------------------------------------------------------------------------- helpers
+def test_rel_to_abs_indexing():
+    for length in (1, 2, 5):
+        x = torch.randn(2, 3, length, 2 * length - 1)
+        out = rel_to_abs(x)
+        assert out.shape == (2, 3, length, length)
+        for i in range(length):
+            for j in range(length):
+                assert torch.equal(out[..., i, j], x[..., i, j - i + length - 1])
+        torch.testing.assert_close(out, tf_rel_to_abs(x), rtol=0, atol=0)
+
+
+def test_relative_logits_1d_matches_definition():
+    q = torch.randn(2, 3, 6, 4, dtype=torch.float64)
+    rel = torch.randn(11, 4, dtype=torch.float64)
+    out = relative_logits_1d(q, rel)
+    ref = torch.stack([torch.stack([q[..., i, :] @ rel[j - i + 5] for j in range(6)], -1)
+                       for i in range(6)], -2)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"rel must have shape \[2L-1, d\]"):
+        relative_logits_1d(q, rel[:10])
+
+
+def test_relative_table_for_length_centre_slice_and_clipping():
+    table = torch.arange(9.0)[:, None].expand(9, 2)  # Lmax = 5, row m <-> offset m - 4
+    torch.testing.assert_close(relative_table_for_length(table, 5), table)
+    centre = relative_table_for_length(table, 2)[:, 0]
+    torch.testing.assert_close(centre, torch.tensor([3.0, 4.0, 5.0]))
+    clipped = relative_table_for_length(table, 7)[:, 0]  # offsets -6..6 clipped to -4..4
+    torch.testing.assert_close(clipped, torch.tensor([0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8.0]))
+
+
+# ----------------------------------------------------------------------------- core values
+@pytest.mark.parametrize("h,w", SIZES)
+@pytest.mark.parametrize("impl,chunk", PATHS)
+def test_matches_brute_force(h, w, impl, chunk):
+    q, k, v, rel_h, rel_w = _inputs(2, 3, h, w, 4, 5)
+    out = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl=impl, query_chunk=chunk)
+    assert out.shape == (2, 3, h, w, 5) and out.dtype == torch.float64
+    torch.testing.assert_close(out, brute_force(q, k, v, rel_h, rel_w), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("h,w", [(5, 7), (9, 4), (1, 6), (6, 1)])
+def test_matches_paper_tensorflow_port(h, w):
+    q, k, v, rel_h, rel_w = _inputs(2, 4, h, w, 3, 2, seed=1)
+    ref = tf_self_attention(q, k, v, rel_h, rel_w)
+    torch.testing.assert_close(brute_force(q, k, v, rel_h, rel_w), ref, rtol=1e-10, atol=1e-10)
+    for impl, chunk in PATHS:
+        out = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl=impl, query_chunk=chunk)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("which", ["both", "h_only", "w_only"])
+def test_missing_embeddings_drop_their_term(which):
+    q, k, v, rel_h, rel_w = _inputs(1, 2, 5, 7, 4, 3)
+    rh = None if which == "w_only" else rel_h
+    rw = None if which == "h_only" else rel_w
+    if which == "both":
+        rh = rw = None
+    for impl, chunk in PATHS:
+        out = relative_self_attention_2d(q, k, v, rh, rw, impl=impl, query_chunk=chunk)
+        torch.testing.assert_close(out, brute_force(q, k, v, rh, rw), rtol=1e-10, atol=1e-10)
+    # Position-unaware attention equals plain softmax(q k^T) v.
+    if which == "both":
+        flat = lambda t: t.reshape(1, 2, 35, -1)  # noqa: E731
+        plain = torch.softmax(flat(q) @ flat(k).transpose(-1, -2), -1) @ flat(v)
+        torch.testing.assert_close(out, plain.reshape(1, 2, 5, 7, 3), rtol=1e-10, atol=1e-10)
+
+
+def test_float32_paths_agree():
+    q, k, v, rel_h, rel_w = _inputs(2, 4, 9, 11, 8, 8, dtype=torch.float32, seed=3)
+    fused = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl="fused")
+    mat = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl="materialized")
+    chunked = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl="materialized", query_chunk=10)
+    ref = brute_force(q, k, v, rel_h, rel_w).float()
+    for out in (fused, mat, chunked):
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(chunked, mat, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl,chunk", [("fused", 0), ("materialized", 0), ("materialized", 4)])
+def test_gradcheck(impl, chunk):
+    q, k, v, rel_h, rel_w = _inputs(1, 2, 3, 2, 3, 2, seed=4)
+    args = tuple(t.requires_grad_() for t in (q, k, v, rel_h, rel_w))
+
+    def fn(*a):
+        return relative_self_attention_2d(*a, impl=impl, query_chunk=chunk)
+
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def test_gradients_match_brute_force_float32_chunked():
+    q, k, v, rel_h, rel_w = _inputs(1, 2, 4, 5, 4, 3, dtype=torch.float32, seed=5)
+    g = torch.randn(1, 2, 4, 5, 3)
+    grads = {}
+    for name, fn in {
+        "fused": lambda *a: relative_self_attention_2d(*a, impl="fused"),
+        "chunked": lambda *a: relative_self_attention_2d(*a, impl="materialized", query_chunk=3),
+        "brute": lambda *a: brute_force(*a).float(),
+    }.items():
+        args = [t.clone().requires_grad_() for t in (q, k, v, rel_h, rel_w)]
+        (fn(*args) * g).sum().backward()
+        grads[name] = [a.grad for a in args]
+    for name in ("fused", "chunked"):
+        for got, ref in zip(grads[name], grads["brute"]):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["fused", "materialized"])
+def test_bf16_autocast_large_logits(impl):
+    """q, k scaled x30: content logits of magnitude ~1e3 (exp overflows without max-subtraction).
+
+    The reference is the float64 attention of the *bf16-rounded* q, k, v (the layer's situation
+    under autocast: q, k, v come out of a bf16 conv), with float32 relative tables of the
+    layer's init scale (std dk ** -0.5). Tolerances, for v ~ N(0, 1):
+
+    * fused: max abs error 0.1 and mean abs error 1e-3. SDPA runs in bf16, so every relative
+      logit (|q.r| ~ 30) is rounded to bf16 (error <= 30 * 2^-9 ~ 0.06) before the float32
+      accumulation; content products of bf16 inputs are exact.
+    * materialized: only the output is rounded to bf16: rtol 2^-8 (atol 1e-4). With float32
+      inputs it runs entirely in float32 and must match float32 to 1e-5.
+    """
+    q, k, v, rel_h, rel_w = _inputs(2, 4, 6, 9, 8, 8, dtype=torch.float32, scale=30.0, seed=6)
+    rel_h, rel_w = rel_h * 8 ** -0.5, rel_w * 8 ** -0.5
+    q16, k16, v16 = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    ref16 = brute_force(q16, k16, v16, rel_h, rel_w).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out16 = relative_self_attention_2d(q16, k16, v16, rel_h, rel_w, impl=impl)
+        out32 = relative_self_attention_2d(q, k, v, rel_h, rel_w, impl=impl)  # float32 inputs
+    assert out16.dtype == torch.bfloat16
+    assert torch.isfinite(out16).all() and torch.isfinite(out32).all()
+    err = (out16.float() - ref16).abs()
+    if impl == "fused":
+        assert err.max() <= 0.1 and err.mean() <= 1e-3, (err.max(), err.mean())
+        # float32 inputs are cast to bf16 by autocast inside SDPA: the same rounding as q16.
+        err32 = (out32.float() - ref16).abs()
+        assert err32.max() <= 0.1 and err32.mean() <= 1e-3, (err32.max(), err32.mean())
+    else:
+        torch.testing.assert_close(out16.float(), ref16, rtol=2 ** -8, atol=1e-4)
+        ref32 = brute_force(q, k, v, rel_h, rel_w).float()
+        torch.testing.assert_close(out32.float(), ref32, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- weights
+@pytest.mark.parametrize("h,w", [(5, 7), (1, 4)])
+def test_attention_weights_match_brute_force(h, w):
+    q, k, v, rel_h, rel_w = _inputs(2, 3, h, w, 4, 5, seed=7)
+    yx = [(0, 0), (h - 1, w - 1), (h // 2, 1)]
+    weights = relative_attention_weights_2d(q, k, rel_h, rel_w, yx)
+    assert weights.shape == (2, 3, 3, h, w)
+    logits = brute_force_logits(q, k, rel_h, rel_w)
+    for p, (y, x) in enumerate(yx):
+        ref = torch.softmax(logits[:, :, y, x].reshape(2, 3, -1), -1).reshape(2, 3, h, w)
+        torch.testing.assert_close(weights[:, :, p], ref, rtol=1e-10, atol=1e-12)
+    # Consistent with the attention output at those queries.
+    out = relative_self_attention_2d(q, k, v, rel_h, rel_w)
+    for p, (y, x) in enumerate(yx):
+        mixed = torch.einsum("bnyx,bnyxd->bnd", weights[:, :, p], v)
+        torch.testing.assert_close(mixed, out[:, :, y, x], rtol=1e-10, atol=1e-10)
+    none = relative_attention_weights_2d(q, k, None, None, torch.tensor([[0, 0]]))
+    torch.testing.assert_close(none.sum((-1, -2)), torch.ones(2, 3, 1, dtype=torch.float64))
+
+
+def test_attention_weights_rejects_bad_positions():
+    q, k, _, rel_h, rel_w = _inputs(1, 1, 3, 4, 2, 2)
+    with pytest.raises(ValueError, match=r"query_yx must lie in \[0, 3\) x \[0, 4\)"):
+        relative_attention_weights_2d(q, k, rel_h, rel_w, [(3, 0)])
+    with pytest.raises(ValueError, match=r"query_yx must be P \(y, x\) pairs"):
+        relative_attention_weights_2d(q, k, rel_h, rel_w, [(1, 2, 3)])
+
+
+# ----------------------------------------------------------------------------- validation
+def test_shape_errors_name_the_argument():
+    q, k, v, rel_h, rel_w = _inputs(1, 2, 5, 7, 4, 3)
+    with pytest.raises(ValueError, match=r"q must have shape \[B, Nh, H, W, dk\]"):
+        relative_self_attention_2d(q[0], k[0], v[0], rel_h, rel_w)
+    with pytest.raises(ValueError, match=r"k must have the shape of q"):
+        relative_self_attention_2d(q, k[..., :3], v, rel_h, rel_w)
+    with pytest.raises(ValueError, match=r"v must have shape \[B, Nh, H, W, dv\]"):
+        relative_self_attention_2d(q, k, v[:, :, :4], rel_h, rel_w)
+    with pytest.raises(ValueError, match=r"rel_h must have shape \[2\*H-1, dk\] = \[9, 4\]"):
+        relative_self_attention_2d(q, k, v, rel_w, rel_w)
+    with pytest.raises(ValueError, match=r"rel_w must have shape \[2\*W-1, dk\] = \[13, 4\]"):
+        relative_self_attention_2d(q, k, v, rel_h, rel_w[:, :3])
+    with pytest.raises(ValueError, match=r"query_chunk must be >= 0"):
+        relative_self_attention_2d(q, k, v, rel_h, rel_w, query_chunk=-1)
+    with pytest.raises(ValueError, match=r"impl must be one of"):
+        relative_self_attention_2d(q, k, v, rel_h, rel_w, impl="flash")

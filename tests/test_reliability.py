@@ -1,0 +1,155 @@
+"""Reliability: DDP ranks stay in sync, a SIGKILLed run resumes exactly, checkpoints are written
+atomically and loaded strictly, runs are deterministic, and a non-finite loss stops training."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from detectron2.modeling import build_model
+
+import aadet  # noqa: F401
+from aadet.engine import AADetCheckpointer, CheckpointMismatchError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+# A tiny, fast variant of the demo: small crops, batch 2, every iteration logged.
+TINY = [
+    "SOLVER.EPOCHS", "0", "SOLVER.STEPS_EPOCHS", "()", "SOLVER.MAX_ITER", "16",
+    "SOLVER.STEPS", "(12,)", "SOLVER.WARMUP_ITERS", "4", "SOLVER.IMS_PER_BATCH", "2",
+    "SOLVER.CHECKPOINT_PERIOD", "6", "SOLVER.LOG_PERIOD", "1",
+    "INPUT.SCALE_JITTER.CROP_SIZE", "128", "INPUT.SCALE_JITTER.LONG_SIDE_RANGE", "(112, 160)",
+    "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()", "MODEL.DEVICE", "cpu",
+]
+
+
+def run_worker(out, *args, opts=(), check=True):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    cmd = [sys.executable, os.path.join(REPO, "tests", "train_worker.py"), str(out),
+           "--config-file", DEMO, "--data-root", env.get("AADET_DATASETS", ""), *args, "--", *TINY, *opts]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert p.returncode == 0, p.stderr[-4000:]
+    return p
+
+
+def losses(out):
+    """{iteration: (total_loss, lr)} from metrics.json (LOG_PERIOD 1: raw per-iteration values)."""
+    rows = {}
+    with open(os.path.join(out, "metrics.json")) as f:
+        for line in f:
+            r = json.loads(line)
+            if "total_loss" in r:
+                rows[r["iteration"]] = (r["total_loss"], r["lr"])
+    return rows
+
+
+@pytest.fixture()
+def data_env(trees_root, monkeypatch):
+    monkeypatch.setenv("AADET_DATASETS", trees_root)
+    return trees_root
+
+
+def test_kill_and_resume_matches_uninterrupted_run(data_env, tmp_path):
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    run_worker(full)
+    # SIGKILL after iteration 9: checkpoints exist for iterations 5 (model_0000005.pth) only.
+    p = run_worker(crashed, "--die-at", "9", check=False)
+    assert p.returncode == -9, p.stderr[-3000:]
+    with open(crashed / "last_checkpoint") as f:
+        assert f.read().strip() == "model_0000005.pth"
+    assert not (crashed / "model_final.pth").exists()
+    run_worker(crashed, "--resume")
+    ref, got = losses(full), losses(crashed)
+    assert set(range(16)) <= set(ref)
+    for it in range(6, 16):  # resumed at iteration 6, the one after the checkpoint
+        assert got[it][1] == pytest.approx(ref[it][1], rel=1e-9), f"lr at {it}"
+        assert got[it][0] == pytest.approx(ref[it][0], rel=1e-5, abs=1e-6), f"loss at {it}"
+    a = torch.load(full / "model_final.pth", map_location="cpu", weights_only=False)
+    b = torch.load(crashed / "model_final.pth", map_location="cpu", weights_only=False)
+    assert a["iteration"] == b["iteration"] == 15
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_same_seed_same_losses(data_env, tmp_path):
+    run_worker(tmp_path / "a", opts=["SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "100"])
+    run_worker(tmp_path / "b", opts=["SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "100"])
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(a) == 6 and a == b
+
+
+def test_two_process_ddp_keeps_ranks_in_sync(data_env, tmp_path):
+    norm = ["MODEL.RESNETS.NORM", "naiveSyncBN_N", "MODEL.FPN.NORM", "naiveSyncBN_N",
+            "MODEL.RETINANET.NORM", "naiveSyncBN_N", "SOLVER.MAX_ITER", "4",
+            "SOLVER.CHECKPOINT_PERIOD", "100", "SOLVER.REFERENCE_WORLD_SIZE", "0"]
+    run_worker(tmp_path, "--num-gpus", "2", "--save-ranks", opts=norm)
+    r0 = torch.load(tmp_path / "rank0.pth", map_location="cpu")
+    r1 = torch.load(tmp_path / "rank1.pth", map_location="cpu")
+    init = build_model(load_config(DEMO, TINY + norm)).state_dict()
+    moved = 0
+    for k, v in r0.items():
+        assert torch.equal(v, r1[k]), f"ranks diverged at {k}"
+        if v.dtype.is_floating_point and k in init and init[k].shape == v.shape:
+            moved += int(not torch.allclose(v, init[k]))
+    assert moved > 10  # they trained (same seed init), and identically
+
+
+def test_atomic_checkpoint_survives_a_crash_during_write(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    ckpt = AADetCheckpointer(model, str(tmp_path))
+    ckpt.save("model_0000001")
+    good = (tmp_path / "model_0000001.pth").read_bytes()
+
+    def crashing_save(obj, f, *a, **k):
+        f.write(b"partial")
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(torch, "save", crashing_save)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save("model_0000002")
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save("model_0000001")  # overwriting an existing checkpoint: the old one survives
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000001.pth"
+    assert not (tmp_path / "model_0000002.pth").exists()
+    assert (tmp_path / "model_0000001.pth").read_bytes() == good
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_strict_loading_lists_mismatches(tmp_path):
+    src = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 1))
+    AADetCheckpointer(src, str(tmp_path)).save("m")
+    dst = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 4, 1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(4, 4, 1))
+    with pytest.raises(CheckpointMismatchError) as e:
+        AADetCheckpointer(dst, strict=True).load(str(tmp_path / "m.pth"))
+    msg = str(e.value)
+    assert "0.weight" in msg and "(8, 3, 3, 3)" in msg and "(16, 3, 3, 3)" in msg
+    assert "missing in checkpoint: 3.weight" in msg
+    # Non-strict (training with --allow-mismatched-weights) loads what matches and goes on.
+    AADetCheckpointer(dst, strict=False).load(str(tmp_path / "m.pth"))
+
+
+def test_eval_only_refuses_a_checkpoint_of_another_architecture(tmp_path):
+    """--eval-only with a checkpoint that does not match the config is an error, not random weights."""
+    cfg = load_config(DEMO, ["MODEL.DEVICE", "cpu"])
+    other = build_model(load_config(DEMO, ["MODEL.DEVICE", "cpu", "MODEL.FPN.OUT_CHANNELS", "32"]))
+    AADetCheckpointer(other, str(tmp_path)).save("other")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    p = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--config-file", DEMO,
+         "--eval-only", "MODEL.WEIGHTS", str(tmp_path / "other.pth"), "OUTPUT_DIR", str(tmp_path / "o"),
+         "MODEL.DEVICE", "cpu"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode != 0
+    assert "CheckpointMismatchError" in p.stderr and "shape mismatch" in p.stderr
+    assert cfg.MODEL.FPN.OUT_CHANNELS == 64
+
+
+def test_nonfinite_loss_stops_training_naming_iteration(data_env, tmp_path):
+    p = run_worker(tmp_path, opts=["SOLVER.BASE_LR", "1e30", "SOLVER.WARMUP_ITERS", "0",
+                                   "SOLVER.MAX_ITER", "8"], check=False)
+    assert p.returncode != 0
+    assert "FloatingPointError" in p.stderr and "iteration=" in p.stderr and "loss_cls" in p.stderr
