@@ -153,3 +153,46 @@ def test_nonfinite_loss_stops_training_naming_iteration(data_env, tmp_path):
                                    "SOLVER.MAX_ITER", "8"], check=False)
     assert p.returncode != 0
     assert "FloatingPointError" in p.stderr and "iteration=" in p.stderr and "loss_cls" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "config", ["trees_AA_R_50_slim_FPN.yaml", "trees_SASA_full_attention_R_26_slim.yaml"]
+)
+def test_bf16_autocast_forward_is_finite_and_close(config):
+    """Mixed precision through whole attention models: large inputs, bf16 autocast on CPU, finite
+    losses close to float32 (logits/softmax run in float32 inside the attention)."""
+    from detectron2.structures import Boxes, Instances
+    from detectron2.utils.events import EventStorage
+
+    cfg = load_config(os.path.join(REPO, "configs", "Demo", config), ["MODEL.DEVICE", "cpu"])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    inst = Instances((128, 160))
+    inst.gt_boxes = Boxes(torch.tensor([[10.0, 12.0, 50.0, 60.0], [70.0, 40.0, 120.0, 100.0]]))
+    inst.gt_classes = torch.zeros(2, dtype=torch.long)
+    batch = [{"image": torch.rand(3, 128, 160) * 255 * 4, "instances": inst}]  # 4x brighter than any image
+    with EventStorage(0):
+        ref = model(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(batch)
+    for k in ref:
+        assert torch.isfinite(low[k]), k
+        assert low[k].float().item() == pytest.approx(ref[k].item(), rel=0.1, abs=0.05), k
+    sum(low.values()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_missing_image_in_training_names_the_file(tmp_path):
+    from detectron2.data import DatasetMapper
+
+    from aadet.data.augmentation import build_augmentation
+
+    cfg = load_config(DEMO, ["MODEL.DEVICE", "cpu"])
+    mapper = DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True))
+    record = {"file_name": str(tmp_path / "gone.png"), "image_id": 1, "height": 10, "width": 10,
+              "annotations": []}
+    with pytest.raises(FileNotFoundError, match="gone.png"):
+        mapper(record)
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(Exception, match="bad.png"):
+        mapper(dict(record, file_name=str(tmp_path / "bad.png")))

@@ -105,3 +105,28 @@ def test_augmented_training_samples(trees_root, tmp_path):
         img = np.asarray(Image.open(path))
         assert img.shape[:2] == (400, 400)  # crop/pad size of the demo recipe
         assert img.std() > 10
+
+
+def test_attention_maps_of_an_aa_layer(tmp_path):
+    """Figure-10 style: heads x pixels maps, each a distribution over the attention grid."""
+    import visualize_attention
+
+    aa_cfg = os.path.join(REPO, "configs", "Demo", "trees_AA_R_50_slim_FPN.yaml")
+    cfg = load_config(aa_cfg, ["MODEL.DEVICE", "cpu"])
+    torch.manual_seed(0)
+    AADetCheckpointer(build_model(cfg), str(tmp_path)).save("aa")
+    rng = np.random.RandomState(0)
+    Image.fromarray(rng.randint(0, 255, (300, 360, 3), np.uint8)).save(tmp_path / "img.png")
+    out, maps = visualize_attention.main(
+        ["--config-file", aa_cfg, "--weights", str(tmp_path / "aa.pth"), "--image",
+         str(tmp_path / "img.png"), "--pixels", "10,20", "200,150", "359,299",
+         "--output", str(tmp_path / "att.png"), "MODEL.DEVICE", "cpu"]
+    )
+    assert maps.shape[:2] == (cfg.MODEL.AA.NUM_HEADS, 3)
+    np.testing.assert_allclose(maps.sum(axis=(2, 3)), 1.0, rtol=1e-4)
+    img = np.asarray(Image.open(out))
+    assert img.shape[0] > 200 and img.std() > 10
+    with pytest.raises(SystemExit):
+        visualize_attention.main(["--config-file", aa_cfg, "--weights", str(tmp_path / "aa.pth"),
+                                  "--image", str(tmp_path / "img.png"), "--pixels", "1,1",
+                                  "--layer", "backbone.nope", "MODEL.DEVICE", "cpu"])

@@ -1,0 +1,264 @@
+"""The model table (params, FLOPs, the papers' numbers, demo results) that
+``tools/analyze_model.py`` prints and ``docs/model_table.md`` holds.
+
+One row per config: parameters (total; bottom-up / FPN / head), FLOPs at ``size x size`` (the
+papers' FLOPs, 2 per multiply-add, and the attention share; convention in
+:mod:`aadet.analysis.flops`), the paper's params / GFLOPs / COCO mAP with our difference, and the
+box AP measured on the demo data where a demo result is recorded (``docs/demo_results.json``,
+see :func:`load_demo_results`).
+
+The rendered table sits between :data:`TABLE_BEGIN` and :data:`TABLE_END` so that a README can
+include it and a test can compare it with a fresh run of the tool (:func:`parse_markdown`).
+"""
+
+import dataclasses
+import glob
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .flops import detector_flops, flop_breakdown
+from .paper import PaperNumbers, paper_numbers
+from .params import parameter_breakdown
+
+__all__ = [
+    "TABLE_BEGIN",
+    "TABLE_END",
+    "COLUMNS",
+    "FLOP_COLUMNS",
+    "ModelRow",
+    "list_configs",
+    "analyze_config",
+    "row_cells",
+    "render_markdown",
+    "parse_markdown",
+    "load_demo_results",
+]
+
+TABLE_BEGIN = "<!-- model-table:begin -->"
+TABLE_END = "<!-- model-table:end -->"
+
+COLUMNS = (
+    "Config",
+    "Input",
+    "Params (M)",
+    "Backbone / FPN / head (M)",
+    "GFLOPs",
+    "Attention GFLOPs",
+    "Paper params (M)",
+    "Δ params (M)",
+    "Paper GFLOPs",
+    "Δ GFLOPs",
+    "Paper COCO mAP",
+    "Demo AP (AP50)",
+)
+#: Columns that need a FLOP count (empty, or without the padded size, when a row was analyzed
+#: with ``flops=False``).
+FLOP_COLUMNS = frozenset({"Input", "GFLOPs", "Attention GFLOPs", "Δ GFLOPs"})
+_NA = "–"
+
+
+@dataclasses.dataclass
+class ModelRow:
+    """Everything the table shows about one config (numbers unrounded; MACs, not FLOPs)."""
+
+    config: str  # path relative to the configs/ folder, without ".yaml"
+    params: Dict[str, int]
+    flops: Optional[Dict[str, int]]  # {"backbone","fpn","head","total","attention","overhead"} MACs
+    size: Tuple[int, int]
+    paper: Optional[PaperNumbers]
+    demo: Optional[Dict[str, float]]
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["paper"] = self.paper._asdict() if self.paper is not None else None
+        if self.flops is not None:
+            d["paper_gflops"] = 2 * self.flops["total"] / 1e9
+        return d
+
+
+def list_configs(config_root: str) -> List[str]:
+    """Every model config under ``config_root`` (recursively), ``Base-*.yaml`` excluded, sorted."""
+    paths = glob.glob(os.path.join(config_root, "**", "*.yaml"), recursive=True)
+    return sorted(p for p in paths if not os.path.basename(p).startswith("Base-"))
+
+
+def _config_key(config_file: str) -> str:
+    path = os.path.abspath(config_file)
+    parts = path.split(os.sep)
+    if "configs" in parts:
+        rel = os.path.join(*parts[len(parts) - parts[::-1].index("configs") :])
+    else:
+        rel = os.path.basename(path)
+    return os.path.splitext(rel)[0]
+
+
+def build_model_from_config(config_file: str, opts: Sequence[str] = ()):
+    """``(cfg, model)``: a validated aadet config and its model on CPU, eval mode, seed 0."""
+    from detectron2.modeling import build_model
+
+    import aadet  # noqa: F401  (registers the models)
+    from aadet.engine.defaults import load_config
+
+    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
+    torch.manual_seed(0)
+    return cfg, build_model(cfg).eval()
+
+
+def analyze_config(
+    config_file: str,
+    size: Optional[Tuple[int, int]] = None,
+    *,
+    flops: bool = True,
+    opts: Sequence[str] = (),
+    demo_results: Optional[Dict[str, Dict[str, float]]] = None,
+) -> ModelRow:
+    """Build the model of ``config_file`` and count its parameters (and FLOPs at ``size``).
+
+    ``size=None``: the config's test size, ``INPUT.MAX_SIZE_TEST`` square (640 for the COCO
+    configs: the papers' size; 400 for the demo).
+    """
+    cfg, model = build_model_from_config(config_file, opts)
+    if size is None:
+        size = (cfg.INPUT.MAX_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
+    params = parameter_breakdown(model)
+    fl = None
+    if flops:
+        report = detector_flops(model, size[0], size[1])
+        fl = flop_breakdown(report)
+        fl.update(
+            attention=report.attention,
+            overhead=report.overhead,
+            padded_h=report.input_size[0],
+            padded_w=report.input_size[1],
+        )
+        if report.unsupported_ops:
+            fl["unsupported_ops"] = report.unsupported_ops  # type: ignore[assignment]
+    key = _config_key(config_file)
+    name = os.path.basename(key)
+    demo = (demo_results or {}).get(name)
+    return ModelRow(key, params, fl, tuple(size), paper_numbers(config_file), demo)
+
+
+def _size_cell(row: "ModelRow") -> str:
+    def fmt(h, w):
+        return f"{h}" if h == w else f"{h}x{w}"
+
+    cell = fmt(*row.size)
+    if row.flops is not None and (row.flops["padded_h"], row.flops["padded_w"]) != tuple(row.size):
+        cell += f" (pad {fmt(row.flops['padded_h'], row.flops['padded_w'])})"
+    return cell
+
+
+def _m(n: Optional[float]) -> str:
+    return _NA if n is None else f"{n / 1e6:.2f}"
+
+
+def _delta(ours: float, paper: Optional[float], digits: int) -> str:
+    if paper is None:
+        return _NA
+    d = ours - paper
+    return f"{d:+.{digits}f} ({100 * d / paper:+.1f}%)"
+
+
+def row_cells(row: ModelRow) -> Dict[str, str]:
+    """The row's cells by column name (FLOP columns empty when FLOPs were not counted)."""
+    p, paper = row.params, row.paper
+    cells = {
+        "Config": f"`{row.config}`",
+        "Input": _size_cell(row),
+        "Params (M)": _m(p["total"]),
+        "Backbone / FPN / head (M)": f"{_m(p['backbone'])} / {_m(p['fpn'])} / {_m(p['head'])}",
+        "Paper params (M)": (
+            _NA if paper is None or paper.params_m is None else f"{paper.params_m:.1f}"
+        ),
+        "Δ params (M)": _delta(p["total"] / 1e6, paper.params_m if paper else None, 2),
+        "Paper GFLOPs": _NA if paper is None or paper.gflops is None else f"{paper.gflops:g}",
+        "Paper COCO mAP": _NA if paper is None or paper.map is None else f"{paper.map:.1f}",
+        "Demo AP (AP50)": _NA,
+    }
+    if row.demo is not None and row.demo.get("AP") is not None:
+        ap50 = row.demo.get("AP50")
+        cells["Demo AP (AP50)"] = f"{row.demo['AP']:.1f}" + (
+            f" ({ap50:.1f})" if ap50 is not None else ""
+        )
+    if row.flops is None:
+        cells.update({c: "" for c in FLOP_COLUMNS if c != "Input"})
+    else:
+        g = 2 * row.flops["total"] / 1e9
+        cells["GFLOPs"] = f"{g:.1f}"
+        cells["Attention GFLOPs"] = f"{2 * row.flops['attention'] / 1e9:.2f}"
+        cells["Δ GFLOPs"] = _delta(g, paper.gflops if paper else None, 1)
+    return cells
+
+
+def render_markdown(rows: Sequence[ModelRow], command: str) -> str:
+    """The table between the markers, with the command that made it and its conventions."""
+    lines = [
+        TABLE_BEGIN,
+        f"<!-- generated by `{command}`; do not edit by hand (tests/test_analysis.py checks it) -->",
+        "",
+        "FLOPs at a square input of the side in the Input column (each config's test size: 640 for",
+        "COCO, the papers' size; 400 for the demo, padded to a multiple of 32). GFLOPs are the",
+        "papers' (2 per multiply-add) of the network from the normalized image to the head outputs:",
+        "convolutions, linear layers and attention (each query against all keys for AA, against its",
+        "k x k neighbours for SASA; implementation overhead such as halo windows not counted); norms,",
+        "pooling, softmax and post-processing not counted (`aadet/analysis/flops.py`). Paper numbers:",
+        "AA Table 4/7, SASA Table 2 (RetinaNet from scratch on COCO). Δ = ours - paper.",
+        "Demo AP: box AP on the tree-crown demo's val split (`docs/demo_results.json`).",
+        "",
+    ]
+    header = "| " + " | ".join(COLUMNS) + " |"
+    body = ["| " + " | ".join(row_cells(r)[c] for c in COLUMNS) + " |" for r in rows]
+    sep = "|" + "|".join([":---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"
+    lines += [header, sep, *body, "", TABLE_END]
+    return "\n".join(lines) + "\n"
+
+
+def parse_markdown(text: str) -> Dict[str, Dict[str, str]]:
+    """Cells by config key and column name, from the table between the markers of ``text``.
+
+    Raises:
+        ValueError: when the markers or the header are missing.
+    """
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ValueError(f"no model table: expected lines {TABLE_BEGIN!r} ... {TABLE_END!r}")
+    block = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
+    rows = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("|")]
+    if not rows:
+        raise ValueError("model table between the markers has no rows")
+    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    if tuple(header) != COLUMNS:
+        raise ValueError(
+            f"model table header {header} differs from the tool's columns {list(COLUMNS)}"
+        )
+    out = {}
+    for ln in rows[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        d = dict(zip(header, cells))
+        out[d["Config"].strip("`")] = d
+    return out
+
+
+def load_demo_results(path: str) -> Dict[str, Dict[str, float]]:
+    """Demo-data results by config name: ``{"trees_R_50_slim_FPN": {"AP": 41.3, "AP50": 80.1}}``.
+
+    The file is JSON (written after a demo training run); a missing file means no results yet.
+    Raises ValueError when an entry has no numeric ``"AP"``.
+    """
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: expected a JSON object config name -> {{'AP': ...}}; got {type(data).__name__}"
+        )
+    for name, entry in data.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("AP"), (int, float)):
+            raise ValueError(
+                f"{path}: entry {name!r} needs a numeric 'AP' (box AP in %); got {entry!r}"
+            )
+    return data

@@ -1,0 +1,440 @@
+#!/usr/bin/env python
+"""Layer micro-benchmarks of the AA and SASA attention, against straightforward implementations.
+
+    OMP_NUM_THREADS=1 python tools/benchmark_layers.py --device cpu --output-json out/layers_cpu.json
+    python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
+
+Forward + backward time (median after warm-up) and peak memory, every case in a fresh process
+(timing and memory helpers: ``aadet/analysis/timing.py``, shared with ``tools/benchmark.py``), at
+the res3 / res4 / res5 map sizes of a 640x640 image (80, 40, 20):
+
+* **AA** (``--suite aa``), AA-R50 widths ``Fout = Fin`` = 128 / 256 / 512 at 80 / 40 / 20,
+  kappa = 0.2, nu = 0.1, 8 heads, relative logits:
+
+  - ``core``: :func:`aadet.layers.functional.relative_self_attention_2d` on ``q, k, v`` with the
+    layer's depths (``impl="auto"``: the fused SDPA path; ``materialized``: our chunked float32
+    fallback, 1024 queries a chunk) against ``naive``: the full ``[B, Nh, HW, HW]`` logits plus
+    the relative logits of the paper's Appendix A.3 (``rel_to_abs``, tiled to ``[HW, HW]``),
+    softmax, weighted sum, all stored for backward;
+  - ``layer``: one :class:`aadet.layers.AugmentedConv2d` (3x3, stride 1, attention at full
+    resolution) with our core against the same layer running the naive core.
+
+  (In AA-R50 itself res3's attention runs at half resolution, 40x40; the 80x80 case is the
+  brief's stress test.) Naive cases whose estimated memory exceeds ``--max-naive-gib`` are
+  skipped and say so.
+
+* **SASA** (``--suite sasa``): :class:`aadet.layers.LocalSelfAttention2d` (256 channels, k = 7,
+  8 heads, relative) against a 3x3 convolution of the same width and against ``unfold``: the
+  same attention written with ``F.unfold`` (every pixel's ``k x k`` keys and values copied,
+  ``k^2 = 49`` times the map), out-of-map neighbours masked like ours.
+
+Before timing, each naive implementation is checked against ours on a small float64 input.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import warnings
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from aadet.analysis.timing import (  # noqa: E402
+    PeakMemory,
+    environment_info,
+    markdown_table,
+    run_case_in_subprocess,
+    time_fn,
+    write_json,
+)
+from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
+from aadet.layers.functional.relative_attention import (
+    rel_to_abs,
+    relative_self_attention_2d,
+)  # noqa: E402
+from aadet.layers.local_attention import LocalSelfAttention2d  # noqa: E402
+
+#: (map side, Fout) of AA-R50's res3 / res4 / res5 for a 640x640 image.
+AA_SIZES = {80: 128, 40: 256, 20: 512}
+SASA_CHANNELS = 256
+NUM_HEADS = 8
+
+
+# ----------------------------------------------------------------------------- naive references
+def _paper_relative_logits_1d(q, rel_k, h, w, transpose_mask):
+    """AA Appendix A.3 ``relative_logits_1d``: ``q [B, Nh, H, W, d]`` -> ``[B, Nh, HW, HW]``."""
+    b, nh = q.shape[:2]
+    rel = torch.einsum("bhxyd,md->bhxym", q, rel_k)  # [B, Nh, H, W, 2W-1]
+    rel = rel_to_abs(rel.reshape(b, nh * h, w, 2 * w - 1))  # [B, Nh*H, W, W]
+    rel = rel.reshape(b, nh, h, w, w).unsqueeze(3).expand(b, nh, h, h, w, w)  # tile over key rows
+    return rel.permute(*transpose_mask).reshape(b, nh, h * w, h * w)  # materialized [HW, HW]
+
+
+def naive_relative_attention_2d(q, k, v, rel_h=None, rel_w=None, **_ignored):
+    """The straightforward AA attention (paper Figure 8): full logits, relative logits tiled to
+    ``[B, Nh, HW, HW]``, softmax, weighted sum. Same signature/shapes as
+    :func:`relative_self_attention_2d` (``q`` already scaled)."""
+    b, nh, h, w, dk = q.shape
+    dv = v.shape[-1]
+    logits = q.reshape(b, nh, h * w, dk) @ k.reshape(b, nh, h * w, dk).transpose(
+        -1, -2
+    )  # [B, Nh, HW, HW]
+    if rel_w is not None:
+        logits = logits + _paper_relative_logits_1d(q, rel_w, h, w, (0, 1, 2, 4, 3, 5))
+    if rel_h is not None:
+        logits = logits + _paper_relative_logits_1d(
+            q.transpose(2, 3), rel_h, w, h, (0, 1, 4, 2, 5, 3)
+        )
+    weights = torch.softmax(logits, dim=-1)
+    return (weights @ v.reshape(b, nh, h * w, dv)).reshape(b, nh, h, w, dv)
+
+
+def naive_unfold_local_attention(layer: LocalSelfAttention2d, x):
+    """:class:`LocalSelfAttention2d`'s forward written with ``F.unfold`` (stride 1, no norm).
+
+    Keys and values of every pixel's ``k x k`` window are copied (``[B, C * k^2, HW]``);
+    out-of-map neighbours are masked out of the softmax, as in our implementation.
+    """
+    b, _, h, w = x.shape
+    c, nh, ks = layer.out_channels, layer.num_heads, layer.kernel_size
+    d, r, n = c // nh, (ks - 1) // 2, h * w
+    q = layer.query(x).reshape(b, nh, d, n) * d**-0.5  # [B, Nh, d, HW]
+    k = F.unfold(layer.key(x), ks, padding=r).view(b, nh, d, ks * ks, n)  # [B, Nh, d, k^2, HW]
+    v = F.unfold(layer.value(x), ks, padding=r).view(b, nh, d, ks * ks, n)
+    logits = torch.einsum("bndp,bndkp->bnkp", q, k)  # [B, Nh, k^2, HW]
+    if layer.rel_h is not None:
+        dr = d // 2
+        rh = torch.einsum("bndp,ad->bnap", q[:, :, :dr], layer.rel_h)  # [B, Nh, k, HW] row offsets
+        rw = torch.einsum("bndp,cd->bncp", q[:, :, dr:], layer.rel_w)  # [B, Nh, k, HW] col offsets
+        logits = logits + (rh[:, :, :, None] + rw[:, :, None, :]).reshape(b, nh, ks * ks, n)
+    inside = (
+        F.unfold(torch.ones(1, 1, h, w, dtype=x.dtype, device=x.device), ks, padding=r) > 0
+    )  # [1, k^2, HW]
+    logits = logits.masked_fill(~inside[:, None], float("-inf"))
+    weights = torch.softmax(logits, dim=2)
+    out = torch.einsum("bnkp,bndkp->bndp", weights, v)  # [B, Nh, d, HW]
+    return out.reshape(b, c, h, w)
+
+
+def check_references(dtype=torch.float64):
+    """Max abs differences naive vs ours on small inputs (both must be ~1e-12 in float64)."""
+    g = torch.Generator().manual_seed(0)
+    b, nh, h, w, dk, dv = 2, 2, 5, 6, 4, 3
+    q, k = (torch.randn(b, nh, h, w, dk, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(b, nh, h, w, dv, generator=g, dtype=dtype)
+    rh = torch.randn(2 * h - 1, dk, generator=g, dtype=dtype)
+    rw = torch.randn(2 * w - 1, dk, generator=g, dtype=dtype)
+    aa = (
+        (naive_relative_attention_2d(q, k, v, rh, rw) - relative_self_attention_2d(q, k, v, rh, rw))
+        .abs()
+        .max()
+    )
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(8, 8, kernel_size=5, num_heads=2, block_size=3).to(dtype)
+    x = torch.randn(2, 8, 7, 9, dtype=dtype, generator=g)
+    sasa = (naive_unfold_local_attention(layer, x) - layer(x)).abs().max()
+    return {"aa_core": float(aa), "sasa_layer": float(sasa)}
+
+
+# ----------------------------------------------------------------------------- cases
+def aa_depths(fout: int):
+    """``(dk, dv)`` of an AA layer with kappa 0.2, nu 0.1, 8 heads (e.g. 128 -> 24, 16)."""
+    return attention_depth(0.2, fout, NUM_HEADS), attention_depth(0.1, fout, NUM_HEADS)
+
+
+def naive_aa_bytes(batch: int, side: int) -> int:
+    """Rough peak of the naive AA core: ~4 float32 ``[B, Nh, HW, HW]`` tensors live at once
+    (measured on CPU: 3.9 GiB at 80x80, batch 1, i.e. 3.2 of them)."""
+    return 4 * batch * NUM_HEADS * (side * side) ** 2 * 4
+
+
+def plan_cases(suites, sizes, batch, max_naive_bytes):
+    cases = []
+    for s in sizes:
+        if "aa" in suites:
+            if s not in AA_SIZES:
+                raise SystemExit(
+                    f"--sizes for the AA suite must be among {sorted(AA_SIZES)}; got {s}"
+                )
+            for kind in ("core", "layer"):
+                impls = ("auto", "materialized", "naive") if kind == "core" else ("auto", "naive")
+                for impl in impls:
+                    c = dict(suite="aa", kind=kind, impl=impl, side=s, channels=AA_SIZES[s])
+                    need = naive_aa_bytes(batch, s)
+                    if impl == "naive" and need > max_naive_bytes:
+                        c["skipped"] = f"needs ~{need / 2 ** 30:.1f} GiB > --max-naive-gib"
+                    cases.append(c)
+        if "sasa" in suites:
+            for impl in ("ours", "unfold", "conv3x3"):
+                cases.append(
+                    dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
+                )
+    return cases
+
+
+def _make_work(case, batch, device, dtype):
+    """The inputs and the fwd+bwd closure of one case."""
+    torch.manual_seed(0)
+    s, c = case["side"], case["channels"]
+    if case["suite"] == "aa" and case["kind"] == "core":
+        dk, dv = aa_depths(c)
+        dkh, dvh = dk // NUM_HEADS, dv // NUM_HEADS
+        leaf = lambda *shape: torch.randn(
+            *shape, device=device, dtype=dtype, requires_grad=True
+        )  # noqa: E731
+        q = leaf(batch, NUM_HEADS, s, s, dkh)
+        k, v = leaf(batch, NUM_HEADS, s, s, dkh), leaf(batch, NUM_HEADS, s, s, dvh)
+        rh, rw = leaf(2 * s - 1, dkh), leaf(2 * s - 1, dkh)
+        tensors = [q, k, v, rh, rw]
+        if case["impl"] == "naive":
+            fn = lambda: naive_relative_attention_2d(q, k, v, rh, rw)  # noqa: E731
+        else:
+            chunk = 1024 if case["impl"] == "materialized" else 0
+            fn = lambda: relative_self_attention_2d(
+                q, k, v, rh, rw, impl=case["impl"], query_chunk=chunk
+            )  # noqa: E731
+        params = []
+    else:
+        x = torch.randn(batch, c, s, s, device=device, dtype=dtype, requires_grad=True)
+        tensors = [x]
+        if case["suite"] == "aa":
+            import aadet.layers.augmented_conv as aa_module
+
+            mod = AugmentedConv2d(c, c, 3, kappa=0.2, nu=0.1, num_heads=NUM_HEADS, max_size=s)
+            if case["impl"] == "naive":  # this process only runs this case: patching is contained
+                aa_module.relative_self_attention_2d = naive_relative_attention_2d
+        elif case["impl"] == "conv3x3":
+            mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        else:
+            mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS)
+        mod = mod.to(device=device, dtype=dtype)
+        params = list(mod.parameters())
+        if case["suite"] == "sasa" and case["impl"] == "unfold":
+            fn = lambda: naive_unfold_local_attention(mod, x)  # noqa: E731
+        else:
+            fn = lambda: mod(x)  # noqa: E731
+
+    def step():
+        for t in tensors + params:
+            t.grad = None
+        out = fn()
+        out.float().sum().backward()
+
+    return step
+
+
+def run_case(spec):
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    device = torch.device(spec["device"])
+    case = spec["case"]
+    step = _make_work(case, spec["batch"], device, torch.float32)
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+
+    def work():
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=spec["amp"]):
+            step()
+
+    with PeakMemory(device) as mem:
+        t = time_fn(work, warmup=spec["warmup"], iters=spec["iters"], device=device)
+    return dict(
+        case,
+        **t,
+        peak_bytes=mem.peak_bytes,
+        peak_abs_bytes=mem.peak_abs_bytes,
+        peak_exact=mem.exact,
+    )
+
+
+# ----------------------------------------------------------------------------- report
+_LABELS = {
+    ("aa", "core", "auto"): "core, ours (fused)",
+    ("aa", "core", "materialized"): "core, ours (materialized, chunk 1024)",
+    ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
+    ("aa", "layer", "auto"): "AugmentedConv2d, ours",
+    ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
+    ("sasa", "layer", "ours"): "LocalSelfAttention2d, ours",
+    ("sasa", "layer", "unfold"): "naive unfold attention",
+    ("sasa", "layer", "conv3x3"): "3x3 conv",
+}
+
+
+def _key(r):
+    return (r["suite"], r["kind"], r["impl"], r["side"])
+
+
+def add_ratios(results):
+    """AA: ratios to the naive case of the same kind and size; SASA: to the 3x3 conv and unfold."""
+    by = {_key(r): r for r in results if "median_s" in r}
+    for r in results:
+        if "median_s" not in r:
+            continue
+        refs = (
+            {"naive": ("aa", r["kind"], "naive")}
+            if r["suite"] == "aa"
+            else {"conv3x3": ("sasa", "layer", "conv3x3"), "unfold": ("sasa", "layer", "unfold")}
+        )
+        r["ratios"] = {}
+        for name, k in refs.items():
+            ref = by.get((*k, r["side"]))
+            if ref is not None:
+                r["ratios"][name] = {
+                    "time": r["median_s"] / ref["median_s"],
+                    "cpu_time": (
+                        r["cpu_median_s"] / ref["cpu_median_s"] if ref["cpu_median_s"] else None
+                    ),
+                    "peak_mem": r["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
+                }
+    return results
+
+
+def _fmt(x, f):
+    return "–" if x is None else format(x, f)
+
+
+def render_markdown(report) -> str:
+    env = report["env"]
+    out = [
+        f"Device: {env['device_name']} ({report['device']}), torch {env['torch']}, {env['torch_threads']} "
+        f"thread(s); batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
+        f"median of {report['iters']} after {report['warmup']} warm-up; peak memory "
+        f"{'CUDA max allocated' if report['device'].startswith('cuda') else 'process RSS high-water mark'} "
+        f"above the inputs. Reference check (float64, max abs diff naive vs ours): "
+        f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
+    ]
+    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold"))):
+        rows = []
+        for r in report["results"]:
+            if r.get("suite") != suite:
+                continue
+            label = _LABELS[(r["suite"], r["kind"], r["impl"])]
+            size = f"{r['side']}x{r['side']}, C={r['channels']}"
+            if "median_s" not in r:
+                why = r.get("skipped") or ("error: " + r.get("error", "?"))
+                rows.append([size, label, why] + [""] * (2 + 2 * len(refs)))
+                continue
+            row = [size, label, f"{1e3 * r['median_s']:.1f}", f"{1e3 * r['cpu_median_s']:.1f}"]
+            row += [_fmt(r["ratios"].get(n, {}).get("time"), ".2f") for n in refs]
+            row += [f"{r['peak_bytes'] / 2 ** 20:.0f}"]
+            row += [_fmt(r["ratios"].get(n, {}).get("peak_mem"), ".2f") for n in refs]
+            rows.append(row)
+        if not rows:
+            continue
+        title = (
+            "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)"
+            if suite == "aa"
+            else "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold"
+        )
+        headers = (
+            ["Map, width", "Implementation", "fwd+bwd ms", "CPU ms"]
+            + [f"time × {n}" for n in refs]
+            + ["peak MiB"]
+            + [f"mem × {n}" for n in refs]
+        )
+        out.append(
+            f"\n**{title}**\n\n"
+            + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
+        )
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- main
+def build_parser():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--suite", choices=("aa", "sasa", "all"), default="all")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--batch", type=int, default=1, help="batch (default 1; e.g. 8 on a GPU)")
+    p.add_argument(
+        "--sizes", type=int, nargs="+", default=[80, 40, 20], help="map sides (default 80 40 20)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed iterations (default 1 CPU, 10 CUDA)"
+    )
+    p.add_argument(
+        "--iters", type=int, default=None, help="timed iterations (default 3 CPU, 30 CUDA)"
+    )
+    p.add_argument("--amp", action="store_true", help="autocast (fp16 on CUDA, bf16 on CPU)")
+    p.add_argument(
+        "--max-naive-gib",
+        type=float,
+        default=None,
+        help="skip naive AA cases estimated above this (default 6 on CPU, none on CUDA)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
+    p.add_argument("--output-json", metavar="FILE")
+    p.add_argument("--output-md", metavar="FILE", help="markdown tables here (default: stdout)")
+    p.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        with open(args.worker) as f:
+            print(json.dumps(run_case(json.load(f))))
+        return 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but CUDA is not available")
+    cuda = device.type == "cuda"
+    warmup = args.warmup if args.warmup is not None else (10 if cuda else 1)
+    iters = args.iters if args.iters is not None else (30 if cuda else 3)
+    max_gib = args.max_naive_gib if args.max_naive_gib is not None else (math.inf if cuda else 6.0)
+    suites = ("aa", "sasa") if args.suite == "all" else (args.suite,)
+    with torch.no_grad():
+        ref = check_references()
+    if max(ref.values()) > 1e-9:
+        raise SystemExit(f"naive references disagree with aadet's implementations: {ref}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="aadet_layers_") as tmp:
+        for case in plan_cases(suites, args.sizes, args.batch, max_gib * 2**30):
+            if "skipped" in case:
+                results.append(case)
+                continue
+            print(f"[benchmark_layers] {case}", file=sys.stderr, flush=True)
+            spec = dict(
+                case=case,
+                device=str(device),
+                batch=args.batch,
+                warmup=warmup,
+                iters=iters,
+                amp=args.amp,
+                threads=args.threads,
+            )
+            r = run_case_in_subprocess(__file__, spec, tmp)
+            results.append(
+                dict(case, error=r["error"], detail=r.get("detail")) if "error" in r else r
+            )
+    add_ratios(results)
+    report = dict(
+        device=str(device),
+        batch=args.batch,
+        warmup=warmup,
+        iters=iters,
+        amp=args.amp,
+        env=environment_info(device),
+        reference_check=ref,
+        results=results,
+    )
+    if args.output_json:
+        write_json(args.output_json, report)
+    md = render_markdown(report)
+    if args.output_md:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_md)), exist_ok=True)
+        with open(args.output_md, "w") as f:
+            f.write(md)
+    else:
+        sys.stdout.write(md)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
