@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo test clean-demo
+.PHONY: setup data demo test docs clean-demo
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -26,6 +26,11 @@ demo: data
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and paste it into the README.
+docs: setup
+	$(PY) tools/analyze_model.py --all --markdown > docs/model_table.md
+	$(PY) tools/update_readme_table.py
 
 clean-demo:
 	rm -rf $(DEMO_OUT)

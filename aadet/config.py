@@ -37,6 +37,13 @@ def add_aadet_config(cfg):
     _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
     _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5
     _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
+    # Photometric jitter (Detectron2's RandomBrightness / RandomContrast: factors drawn uniformly
+    # from the ranges). NOT part of the papers' recipe, so off by default; the tree-crown demo turns
+    # it on, because it trains on one aerial image and validates on another with other lighting.
+    _C.INPUT.PHOTOMETRIC = CN()
+    _C.INPUT.PHOTOMETRIC.ENABLED = False
+    _C.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.75, 1.25)
+    _C.INPUT.PHOTOMETRIC.CONTRAST = (0.75, 1.25)
 
     # ---------------------------------------------------------------- epoch-based schedule
     # When EPOCHS > 0, SOLVER.MAX_ITER and SOLVER.STEPS are computed at start from the number of
@@ -147,6 +154,11 @@ def validate_aadet_config(cfg):
         raise _err("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
     if not 0.0 <= float(sj.FLIP_PROB) <= 1.0:
         raise _err("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
+
+    for key in ("BRIGHTNESS", "CONTRAST"):
+        lo_hi = tuple(cfg.INPUT.PHOTOMETRIC[key])
+        if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
+            raise _err(f"INPUT.PHOTOMETRIC.{key}", "(min, max) with 0 < min <= max", lo_hi)
 
     s = cfg.SOLVER
     if s.EPOCHS < 0:

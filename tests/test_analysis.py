@@ -20,6 +20,7 @@ from aadet.analysis.model_table import (
     FLOP_COLUMNS,
     analyze_config,
     list_configs,
+    load_demo_results,
     parse_markdown,
     render_markdown,
 )
@@ -69,7 +70,8 @@ FLOP_CHECKED = (
 
 @functools.lru_cache(maxsize=None)
 def _row(config_file, flops):
-    return analyze_config(config_file, flops=flops)
+    demo = load_demo_results(os.path.join(REPO, "docs", "demo_results.json"))
+    return analyze_config(config_file, flops=flops, demo_results=demo)
 
 
 def _name(path):
@@ -331,3 +333,16 @@ def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
     assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
     assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
     assert "| `trees_R_50_slim_FPN` |" in out_md.read_text()
+
+
+def test_readme_shows_the_committed_model_table():
+    """The README's model table is docs/model_table.md, verbatim."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    table = _committed_table().strip()
+    begin, end = "<!-- model-table:begin -->", "<!-- model-table:end -->"
+    assert readme.count(begin) == 1 and readme.count(end) == 1
+    block = readme[readme.index(begin): readme.index(end) + len(end)]
+    assert block == table[table.index(begin): table.index(end) + len(end)], (
+        "README.md's model table differs from docs/model_table.md: paste the file between the markers"
+    )

@@ -39,7 +39,11 @@ def parse_pixel(text):
 def attention_for_pixels(predictor, layer, image, pixels):
     """``(maps [Nh, P, h, w] as numpy, (h, w), valid (hv, wv))`` for ``pixels`` (x, y) of ``image``."""
     captured = {}
-    handle = layer.register_forward_hook(lambda m, inp, out: captured.setdefault("x", inp[0]))
+
+    def keep_input(module, inputs, output):  # returns None: the output is left alone
+        captured["x"] = inputs[0]
+
+    handle = layer.register_forward_hook(keep_input)
     try:
         predictor(image)
     finally:

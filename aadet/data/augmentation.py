@@ -8,6 +8,8 @@ max dimension of 640 during training. All images are horizontally flipped with a
 * ``FixedSizeCrop((640, 640))`` crops a random 640x640 window when larger and pads to 640x640;
 * ``RandomFlip(prob=0.5)`` flips horizontally.
 
+Optionally (``INPUT.PHOTOMETRIC``, not in the papers) random brightness and contrast follow.
+
 Test time is Detectron2's ``ResizeShortestEdge(MIN_SIZE_TEST, MAX_SIZE_TEST)``; our configs set both
 to 640 so the longer side is 640.
 """
@@ -33,10 +35,18 @@ def build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_v
 
 
 def build_augmentation(cfg, is_train: bool):
-    """Augmentations for training (scale jitter recipe if ``INPUT.SCALE_JITTER.ENABLED``) or test."""
+    """Augmentations for training (scale jitter recipe if ``INPUT.SCALE_JITTER.ENABLED``, then
+    photometric jitter if ``INPUT.PHOTOMETRIC.ENABLED``) or test."""
+    if not is_train:
+        return utils.build_augmentation(cfg, False)
     sj = cfg.INPUT.SCALE_JITTER
-    if is_train and sj.ENABLED:
-        return build_scale_jitter_augmentation(
+    if sj.ENABLED:
+        augs = build_scale_jitter_augmentation(
             tuple(sj.LONG_SIDE_RANGE), int(sj.CROP_SIZE), float(sj.FLIP_PROB), float(sj.PAD_VALUE)
         )
-    return utils.build_augmentation(cfg, is_train)
+    else:
+        augs = utils.build_augmentation(cfg, True)
+    ph = cfg.INPUT.PHOTOMETRIC
+    if ph.ENABLED:
+        augs += [T.RandomBrightness(*ph.BRIGHTNESS), T.RandomContrast(*ph.CONTRAST)]
+    return augs

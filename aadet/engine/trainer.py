@@ -6,14 +6,17 @@ Differences from ``DefaultTrainer``, each for a reason:
 * evaluator: COCO box AP (pycocotools when Detectron2's compiled fast evaluator is absent);
 * checkpoints: atomic writes, strict loading (:mod:`aadet.engine.checkpoint`), and the best
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
+* multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
+  ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules.
 Detectron2 itself stops on a NaN/inf loss, naming the iteration and the losses.
 """
+import contextlib
 import os
 import weakref
 
 from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
 from detectron2.data.common import DatasetFromList
-from detectron2.engine import DefaultTrainer, hooks
+from detectron2.engine import DefaultTrainer, defaults, hooks
 from detectron2.evaluation import COCOEvaluator, coco_evaluation
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
@@ -22,6 +25,23 @@ from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, Resumab
 from .checkpoint import AADetCheckpointer
 
 __all__ = ["Trainer"]
+
+
+@contextlib.contextmanager
+def _ddp_without_device_ids_on_cpu():
+    """While ``DefaultTrainer.__init__`` runs, wrap CPU models in DDP without ``device_ids``."""
+    original = defaults.create_ddp_model
+
+    def create_ddp_model(model, **kwargs):
+        if next(model.parameters()).device.type == "cpu":
+            kwargs.setdefault("device_ids", None)
+        return original(model, **kwargs)
+
+    defaults.create_ddp_model = create_ddp_model
+    try:
+        yield
+    finally:
+        defaults.create_ddp_model = original
 
 
 def _has_fast_coco_eval() -> bool:
@@ -34,6 +54,10 @@ class Trainer(DefaultTrainer):
     #: Set by ``tools/train_net.py --allow-mismatched-weights``: load MODEL.WEIGHTS even when its
     #: keys/shapes differ from the model (otherwise a mismatch is an error).
     allow_mismatched_weights = False
+
+    def __init__(self, cfg):
+        with _ddp_without_device_ids_on_cpu():
+            super().__init__(cfg)
 
     @classmethod
     def build_train_loader(cls, cfg, start_iter: int = 0):

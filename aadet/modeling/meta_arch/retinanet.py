@@ -2,10 +2,16 @@
 
 Detectron2's ``RetinaNet.from_config`` hard-codes ``RetinaNetHead``; SASA's all-attention model
 needs an attentional head, so :class:`AADetRetinaNet` builds the head named by the config from
-``RETINANET_HEAD_REGISTRY`` and is otherwise Detectron2's RetinaNet unchanged.
+``RETINANET_HEAD_REGISTRY``. One more difference: the EMA of the number of positive anchors that
+normalizes the losses lives in a checkpointed buffer (Detectron2 keeps it in a plain attribute
+that restarts at 100 after ``--resume``, so a resumed run's losses differ from the uninterrupted
+run's).
 """
+import torch
+from detectron2.config import configurable
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
+from detectron2.utils.events import get_event_storage
 from detectron2.utils.registry import Registry
 
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
@@ -25,7 +31,40 @@ def build_retinanet_head(cfg, feature_shapes):
 
 @META_ARCH_REGISTRY.register()
 class AADetRetinaNet(RetinaNet):
-    """Detectron2's RetinaNet with the head chosen by ``MODEL.RETINANET.HEAD_NAME``."""
+    """Detectron2's RetinaNet with the head chosen by ``MODEL.RETINANET.HEAD_NAME`` and a
+    checkpointed loss normalizer."""
+
+    @configurable
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # EMA of the positive-anchor count; < 0 = not started (Detectron2 then starts at 100).
+        self.register_buffer("loss_normalizer_ema", torch.tensor(-1.0, dtype=torch.float64))
+
+    def _ema_update(self, name, value, initial_value, momentum=0.9):
+        if name != "loss_normalizer":
+            return super()._ema_update(name, value, initial_value, momentum)
+        old = float(self.loss_normalizer_ema)
+        new = (initial_value if old < 0 else old) * momentum + value * (1 - momentum)
+        self.loss_normalizer_ema.fill_(new)
+        return new
+
+    def forward_training(self, images, features, predictions, gt_instances):
+        # Diverged weights give NaN boxes, on which the GIoU/DIoU losses fail with an assertion
+        # ("bad box") before Detectron2's NaN-loss check: stop here with the iteration instead.
+        for kind, per_level in zip(("classification logits", "box deltas"), predictions):
+            for level, t in zip(self.head_in_features, per_level):
+                if not torch.isfinite(t).all():
+                    raise FloatingPointError(
+                        f"Loss became infinite or NaN at iteration={get_event_storage().iter}: the "
+                        f"head's {kind} on {level} are not finite, so loss_cls/loss_box_reg are "
+                        "NaN. Lower SOLVER.BASE_LR or lengthen SOLVER.WARMUP_ITERS."
+                    )
+        return super().forward_training(images, features, predictions, gt_instances)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints of Detectron2's RetinaNet have no normalizer: keep ours (not started).
+        state_dict.setdefault(prefix + "loss_normalizer_ema", self.loss_normalizer_ema.clone())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     def from_config(cls, cfg):
