@@ -51,7 +51,7 @@ from aadet.analysis.timing import (  # noqa: E402
     markdown_table,
     run_case_in_subprocess,
     time_fn,
-    write_json,
+    write_report,
 )
 from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
 from aadet.layers.functional.relative_attention import (
@@ -424,16 +424,7 @@ def main(argv=None) -> int:
         reference_check=ref,
         results=results,
     )
-    if args.output_json:
-        write_json(args.output_json, report)
-    md = render_markdown(report)
-    if args.output_md:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output_md)), exist_ok=True)
-        with open(args.output_md, "w") as f:
-            f.write(md)
-    else:
-        sys.stdout.write(md)
-    return 1 if any("error" in r for r in results) else 0
+    return write_report(report, render_markdown(report), args.output_json, args.output_md)
 
 
 if __name__ == "__main__":

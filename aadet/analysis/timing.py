@@ -44,6 +44,7 @@ __all__ = [
     "run_case_in_subprocess",
     "markdown_table",
     "write_json",
+    "write_report",
 ]
 
 
@@ -262,6 +263,22 @@ def markdown_table(
             raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns: {row}")
         out.append("| " + " | ".join(str(c) for c in row) + " |")
     return "\n".join(out) + "\n"
+
+
+def write_report(report: dict, markdown: str, output_json: str = "", output_md: str = "") -> int:
+    """Write a benchmark report as JSON and markdown (markdown to stdout without ``output_md``).
+
+    Returns the exit status: 1 if any result carries an ``"error"``, else 0.
+    """
+    if output_json:
+        write_json(output_json, report)
+    if output_md:
+        os.makedirs(os.path.dirname(os.path.abspath(output_md)), exist_ok=True)
+        with open(output_md, "w") as f:
+            f.write(markdown)
+    else:
+        sys.stdout.write(markdown)
+    return 1 if any("error" in r for r in report.get("results", [])) else 0
 
 
 def write_json(path: str, obj) -> None:

@@ -22,7 +22,7 @@ Two exact routes compute it:
 Both keep logits and softmax in float32 under autocast (SDPA's kernels accumulate in float32; the
 materialized route casts), and masks are a finite ``MASK_VALUE`` that is safe in bf16 and fp16.
 """
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.nn.functional as F
