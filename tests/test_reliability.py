@@ -206,3 +206,22 @@ def test_missing_image_in_training_names_the_file(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"\x89PNG garbage")
     with pytest.raises(Exception, match="bad.png"):
         mapper(dict(record, file_name=str(tmp_path / "bad.png")))
+
+
+def test_training_from_other_weights_needs_the_explicit_flag(data_env, tmp_path):
+    other = build_model(load_config(DEMO, ["MODEL.DEVICE", "cpu", "MODEL.FPN.OUT_CHANNELS", "32"]))
+    AADetCheckpointer(other, str(tmp_path)).save("other")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+
+    def train(*flags):
+        return subprocess.run(
+            [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--config-file", DEMO, *flags,
+             "MODEL.WEIGHTS", str(tmp_path / "other.pth"), "OUTPUT_DIR", str(tmp_path / "o"),
+             *TINY, "SOLVER.MAX_ITER", "1"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+
+    refused = train()
+    assert refused.returncode != 0 and "CheckpointMismatchError" in refused.stderr
+    assert "--allow-mismatched-weights" in refused.stderr
+    assert train("--allow-mismatched-weights").returncode == 0

@@ -8,7 +8,8 @@ Differences from ``DefaultTrainer``, each for a reason:
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
 * multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
   ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules.
-Detectron2 itself stops on a NaN/inf loss, naming the iteration and the losses.
+A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
+``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
 """
 import contextlib
 import os
