@@ -15,6 +15,7 @@ __all__ = ["add_aadet_config", "validate_aadet_config", "ConfigValueError"]
 _NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
 _POS_AA = ("relative", "none", "sine2d", "coordconv")
 _POS_SASA = ("relative", "absolute", "none")
+_SASA_IMPLS = ("auto", "neighborhood", "fused", "materialized")
 _STAGES = ("res2", "res3", "res4", "res5")
 
 
@@ -118,7 +119,13 @@ def add_aadet_config(cfg):
     _C.MODEL.SASA.STEM_MIXTURES = 4  # m value matrices mixed per position
     _C.MODEL.SASA.STEM_NUM_HEADS = 1  # heads of the stem attention
     _C.MODEL.SASA.STEM_BLOCK_SIZE = 4  # attention within each 4x4 block, then 4x4 max pooling
-    # Query tile side of the blocked (halo) implementation; only speed/memory depend on it.
+    # How local attention is computed (all exact; only speed/memory differ, BENCHMARKS.md):
+    # "neighborhood" (window offsets one at a time, stores the [k^2, H, W] attention matrix; the
+    # fastest on CPU), "fused" (blocked with halos through a fused SDPA kernel, never stores the
+    # attention matrix), "materialized" (blocked, explicit float32 softmax), or "auto": "fused"
+    # on CUDA, "neighborhood" elsewhere.
+    _C.MODEL.SASA.IMPL = "auto"
+    # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     _C.MODEL.SASA.BLOCK_SIZE = 8
     return cfg
 
@@ -215,4 +222,6 @@ def validate_aadet_config(cfg):
         raise _err("MODEL.SASA.STEM_BLOCK_SIZE", ">= 1", sa.STEM_BLOCK_SIZE)
     if sa.BLOCK_SIZE < 1:
         raise _err("MODEL.SASA.BLOCK_SIZE", ">= 1", sa.BLOCK_SIZE)
+    if sa.IMPL not in _SASA_IMPLS:
+        raise _err("MODEL.SASA.IMPL", f"one of {_SASA_IMPLS}", sa.IMPL)
     return cfg

@@ -9,7 +9,13 @@ from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling.backbone.resnet import BasicStem
 
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.functional.local_attention import block_self_attention_2d
+from aadet.layers.functional.local_attention import (
+    block_attention,
+    block_padding_mask,
+    block_self_attention_2d,
+    blocks_to_map,
+    map_to_blocks,
+)
 from aadet.layers.local_attention import merge_heads, split_heads
 
 D = torch.float64
@@ -37,16 +43,45 @@ def brute_block_attention(q, k, v, rel_h, rel_w, b):
 
 @pytest.mark.parametrize("h,w,b", [(5, 7, 4), (9, 4, 3), (3, 2, 4), (8, 8, 4), (4, 6, 1)])
 @pytest.mark.parametrize("relative", [True, False])
-@pytest.mark.parametrize("impl", ["materialized", "fused"])
-def test_block_attention_matches_brute_force(h, w, b, relative, impl):
+def test_block_attention_matches_brute_force(h, w, b, relative):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 2, h, w, 5, generator=g, dtype=D)
     k = torch.randn(2, 2, h, w, 5, generator=g, dtype=D)
     v = torch.randn(2, 2, h, w, 3, generator=g, dtype=D)
     rh = torch.randn(2 * b - 1, 2, generator=g, dtype=D) if relative else None
     rw = torch.randn(2 * b - 1, 3, generator=g, dtype=D) if relative else None
-    out = block_self_attention_2d(q, k, v, rh, rw, b, impl=impl)
+    out = block_self_attention_2d(q, k, v, rh, rw, b)
     torch.testing.assert_close(out, brute_block_attention(q, k, v, rh, rw, b), rtol=0, atol=1e-12)
+
+
+def test_block_layout_helpers():
+    x = torch.randn(2, 5, 7, 6, dtype=D)
+    blocks = map_to_blocks(x, 4)  # per image 2 x 2 blocks of 16 pixels, zero-padded
+    assert blocks.shape == (2 * 4, 16, 5)
+    # image 1, block (1, 0) (index 4 + 2), pixel (a, c) = (2, 3) -> map pixel (6, 3)
+    torch.testing.assert_close(blocks[4 + 2, 2 * 4 + 3], x[1, :, 6, 3], rtol=0, atol=0)
+    assert float(blocks[4 + 2, 3 * 4 + 0].abs().sum()) == 0  # map row 7: padding
+    torch.testing.assert_close(blocks_to_map(blocks, 2, (7, 6), 4), x, rtol=0, atol=0)
+    mask = block_padding_mask((7, 6), 4)
+    assert mask.shape == (4, 1, 1, 16)
+    assert int(mask.sum()) == 16 * 4 - 7 * 6  # exactly the padded pixels
+    assert block_padding_mask((8, 4), 4) is None
+
+
+def test_block_attention_gradcheck_with_padding_mask():
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(3, 2, 9, 4, generator=g, dtype=D) for _ in range(2))
+    v = torch.randn(3, 2, 9, 3, generator=g, dtype=D)
+    rh, rw = (torch.randn(5, 2, generator=g, dtype=D) for _ in range(2))
+    mask = torch.zeros(3, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., 6:] = True  # block 1: its last row is outside the map
+    args = [t.requires_grad_(True) for t in (q, k, v, rh, rw)]
+    out = block_attention(*args, 3, mask)
+    # masked keys get no weight: changing them does not change the output
+    v2 = v.detach().clone()
+    v2[1, :, 6:] += 10.0
+    torch.testing.assert_close(block_attention(q, k, v2, rh, rw, 3, mask), out, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda *t: block_attention(*t, 3, mask), args)
 
 
 def test_mixture_weights_are_a_softmax_per_position():
@@ -78,20 +113,44 @@ def test_values_are_position_dependent_mixtures():
             torch.testing.assert_close(v[:, :, y, xx], x[:, :, y, xx] @ w_eff.t(), rtol=0, atol=1e-12)
 
 
-def test_stem_forward_matches_brute_force():
+@pytest.mark.parametrize("out_channels,num_heads", [(8, 2), (32, 1), (32, 2)])
+def test_stem_forward_matches_brute_force(out_channels, num_heads):
+    # (8, 2) takes the projected route, (32, 1) and (32, 2) the factorized one.
     torch.manual_seed(0)
-    stem = SpatiallyAwareAttentionStem(3, 8, block_size=4, num_heads=2, norm="").double()
+    c, nh = out_channels, num_heads
+    stem = SpatiallyAwareAttentionStem(3, c, block_size=4, num_heads=nh, norm="").double()
     x = torch.randn(1, 3, 9, 6, dtype=D)
     with torch.no_grad():
-        q = split_heads(stem.query(x), 2) * 4 ** -0.5
-        k = split_heads(stem.key(x), 2)
-        v = split_heads(stem._values(x), 2)
+        q = split_heads(stem.query(x), nh) * (c // nh) ** -0.5
+        k = split_heads(stem.key(x), nh)
+        v = split_heads(stem._values(x), nh)
         att = F.relu(merge_heads(brute_block_attention(q, k, v, stem.rel_h, stem.rel_w, 4)))
         out = stem(x)
-    assert out.shape == (1, 8, 3, 2)
+    assert out.shape == (1, c, 3, 2)
     for by, bx in itertools.product(range(3), range(2)):  # max over the in-map part of each block
         ref = att[:, :, 4 * by: 4 * by + 4, 4 * bx: 4 * bx + 4].amax((-1, -2))
         torch.testing.assert_close(out[:, :, by, bx], ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pe", ["relative", "none"])
+def test_stem_routes_agree_values_and_gradients(pe):
+    # The factorized and projected routes are the same function of the parameters.
+    torch.manual_seed(0)
+    stem = SpatiallyAwareAttentionStem(3, 12, block_size=3, num_heads=3, positional_encoding=pe,
+                                       norm="").double()
+    xb = map_to_blocks(torch.randn(2, 3, 7, 5, dtype=D), 3)
+    mask = block_padding_mask((7, 5), 3).repeat(2, 1, 1, 1)
+    outs, grads = [], []
+    for route in (stem._attend_factorized, stem._attend_projected):
+        stem.zero_grad()
+        out = route(xb, mask)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)).sum().backward()
+        outs.append(out.detach())
+        grads.append({n: p.grad.clone() for n, p in stem.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) >= 6
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=0, atol=1e-11, msg=name)
 
 
 @pytest.mark.parametrize("hw", [(37, 50), (33, 33), (3, 2), (64, 64), (1, 9), (30, 31)])
@@ -164,5 +223,5 @@ def test_flop_count_formula():
     assert f["projections"] == 3 * n * 3 * 64
     assert f["value_mixing"] == 16 * 4 * 64 * 3
     assert f["content_logits"] == f["weighted_sum"] == n * 16 * 64
-    assert f["relative_logits"] == n * 7 * 64
-    assert f["total"] == 55_296 + 12_288 + 2 * 98_304 + 43_008
+    assert f["relative_logits"] == n * 4 * 64  # b row + b column offsets of dkh / 2
+    assert f["total"] == 55_296 + 12_288 + 2 * 98_304 + 24_576

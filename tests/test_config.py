@@ -36,6 +36,7 @@ def test_epochs_to_iters_and_schedule():
         ("MODEL.AA.STAGES", ("res6",), "MODEL.AA.STAGES"),
         ("MODEL.SASA.KERNEL_SIZE", 4, "MODEL.SASA.KERNEL_SIZE"),
         ("MODEL.SASA.STEM", "patchify", "MODEL.SASA.STEM"),
+        ("MODEL.SASA.IMPL", "unfold", "MODEL.SASA.IMPL"),
     ],
 )
 def test_bad_values_name_the_key(key, value, needle):

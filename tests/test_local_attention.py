@@ -1,5 +1,5 @@
-"""SASA local self-attention: the blocked functional core against a pixel-by-pixel float64
-brute force of Eq. 3, its borders/masks/gradients/low precision, and the LocalSelfAttention2d
+"""SASA local self-attention: the functional core (neighborhood and blocked routes) against a
+pixel-by-pixel float64 brute force of Eq. 3, its borders/masks/gradients/low precision, and the LocalSelfAttention2d
 layer (equivariance, strides, validation, FLOP formula)."""
 import itertools
 
@@ -62,8 +62,11 @@ CASES = [  # (H, W, kernel_size, block_size)
 ]
 
 
+IMPLS = ["neighborhood", "materialized", "fused"]
+
+
 @pytest.mark.parametrize("h,w,ks,bs", CASES)
-@pytest.mark.parametrize("impl", ["materialized", "fused"])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("relative", [True, False])
 def test_matches_brute_force(h, w, ks, bs, impl, relative):
     q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)  # odd dk: halves of 2 and 3 channels
@@ -74,17 +77,19 @@ def test_matches_brute_force(h, w, ks, bs, impl, relative):
     torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
 
 
-def test_float32_fused_matches_brute_force():
+@pytest.mark.parametrize("impl", ["neighborhood", "fused", "auto"])
+def test_float32_matches_brute_force(impl):
     q, k, v, rh, rw = _inputs(1, 3, 11, 6, 8, 8, 7, dtype=torch.float32)
-    out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4)  # auto -> fused
+    out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4, impl=impl)
+    assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), brute_force(q, k, v, rh, rw, 7), rtol=0, atol=2e-6)
 
 
 def test_block_size_does_not_change_the_result():
     q, k, v, rh, rw = _inputs(1, 2, 10, 13, 4, 4, 5)
-    ref = local_self_attention_2d(q, k, v, rh, rw, 5, block_size=4)
+    ref = local_self_attention_2d(q, k, v, rh, rw, 5, impl="neighborhood")
     for bs in (1, 2, 3, 5, 7, 16):
-        out = local_self_attention_2d(q, k, v, rh, rw, 5, block_size=bs)
+        out = local_self_attention_2d(q, k, v, rh, rw, 5, block_size=bs, impl="fused")
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
 
 
@@ -140,7 +145,7 @@ def test_probabilities_sum_to_one_over_in_map_keys(h, w, ks):
                                rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", ["materialized", "fused"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_gradcheck(impl):
     q, k, v, rh, rw = _inputs(1, 1, 4, 3, 4, 2, 3)
     args = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
@@ -151,37 +156,59 @@ def test_gradcheck(impl):
     assert torch.autograd.gradcheck(fn, args, atol=1e-7)
 
 
-def test_gradients_match_brute_force():
+@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+def test_gradients_match_brute_force(impl):
     q, k, v, rh, rw = _inputs(1, 2, 5, 4, 4, 3, 5)
     a = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
     b = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
     g = torch.randn(1, 2, 5, 4, 3, dtype=D)
-    (local_self_attention_2d(*a, 5, block_size=3, impl="fused") * g).sum().backward()
+    (local_self_attention_2d(*a, 5, block_size=3, impl=impl) * g).sum().backward()
     (brute_force(*b, 5) * g).sum().backward()
     for ta, tb in zip(a, b):
         torch.testing.assert_close(ta.grad, tb.grad, rtol=0, atol=1e-10)
 
 
-def test_large_logits_float32_still_exact():
-    # logits of a few hundred: the finite mask (-1e4) must still exclude out-of-window keys.
+@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+def test_large_logits_float32_still_exact(impl):
+    # logits of a few hundred: masks (-inf / the finite -1e4) must still exclude out-of-window keys.
     q, k, v, rh, rw = _inputs(1, 2, 6, 7, 8, 4, 3, dtype=torch.float32, scale=6.0)
-    out = local_self_attention_2d(q, k, v, rh, rw, 3, block_size=4)
+    out = local_self_attention_2d(q, k, v, rh, rw, 3, block_size=4, impl=impl)
     ref = brute_force(q, k, v, rh, rw, 3)
     assert float((q.double() * k.double()).sum(-1).abs().max()) > 100
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
 
 
-def test_bf16_autocast_finite_and_close_to_float32():
+@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+def test_bf16_autocast_finite_and_close_to_float32(impl):
+    # bf16 q, k, v, as the layer's 1x1 projections produce them under autocast.
     q, k, v, rh, rw = _inputs(2, 2, 9, 10, 16, 16, 7, dtype=torch.float32, scale=2.5)
-    ref = brute_force(*(t.bfloat16().float() for t in (q, k, v, rh, rw)), 7)
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in (q, k, v))
+    ref = brute_force(q.float(), k.float(), v.float(), rh.bfloat16().float(), rw.bfloat16().float(), 7)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4)
+        out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4, impl=impl)
     assert out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
-    assert float((q * k).sum(-1).abs().max()) > 60  # large content logits
+    assert float((q.detach().float() * k.detach().float()).sum(-1).abs().max()) > 60  # large content logits
     err = (out.double() - ref).abs()
-    # bf16 keeps 8 mantissa bits: the logits (|.| ~ 60) are rounded to ~0.25 in the tables.
+    # bf16 keeps 8 mantissa bits: the fused route rounds the logits (|.| ~ 60) to ~0.25; the
+    # neighborhood route computes in float32 and only rounds its output.
     assert float(err.mean()) < 0.01 and float(err.max()) < 0.25, (float(err.mean()), float(err.max()))
+    out.float().sum().backward()
+    assert q.grad.dtype == k.grad.dtype == v.grad.dtype == torch.bfloat16
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_neighborhood_gradients_for_a_subset_of_inputs():
+    # Only some inputs need gradients (e.g. frozen projections): the others get None, and the
+    # ones asked for equal the full computation's.
+    q, k, v, rh, rw = _inputs(1, 2, 5, 6, 4, 3, 3)
+    full = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
+    local_self_attention_2d(*full, 3, impl="neighborhood").sum().backward()
+    for i in range(5):
+        part = [t.clone().requires_grad_(j == i) for j, t in enumerate((q, k, v, rh, rw))]
+        local_self_attention_2d(*part, 3, impl="neighborhood").sum().backward()
+        torch.testing.assert_close(part[i].grad, full[i].grad, rtol=0, atol=1e-12)
+        assert all(part[j].grad is None for j in range(5) if j != i)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -207,6 +234,8 @@ def test_functional_errors():
         local_self_attention_2d(q, k, v, rh, None, 3)
     with pytest.raises(ValueError, match=r"\[B, Nh, H, W, d\]"):
         local_self_attention_2d(q[0], k[0], v[0], rh, rw, 3)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        local_self_attention_2d(q, k, v, rh, rw, 3, impl="unfold")
 
 
 # ----------------------------------------------------------------------------- the layer

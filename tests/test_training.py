@@ -16,16 +16,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The demo recipe shortened to 15 epochs of 8 images (117 iterations, about 80 s on 2 cores).
 SHORT = ["SOLVER.IMS_PER_BATCH", "8", "SOLVER.BASE_LR", "0.03", "SOLVER.EPOCHS", "15",
          "SOLVER.STEPS_EPOCHS", "(11, 14)", "SOLVER.WARMUP_ITERS", "30"]
-# SASA's local attention is slow on CPU (blocked SDPA over tiny heads): 8 epochs of 192 px crops.
+# SASA's local attention costs about 2x a conv on CPU: 8 epochs of 192 px crops (62 iterations, 53 s).
 SASA_SHORT = ["SOLVER.EPOCHS", "8", "SOLVER.STEPS_EPOCHS", "(6, 7)", "SOLVER.WARMUP_ITERS", "20",
               "INPUT.SCALE_JITTER.CROP_SIZE", "192"]
+# The all-attention model (attention stem, backbone, FPN and head) learns more slowly: twice the
+# epochs on 160 px crops (124 iterations, about 145 s on 2 cores).
+SASA_FULL_SHORT = ["SOLVER.EPOCHS", "16", "SOLVER.STEPS_EPOCHS", "(12, 15)", "SOLVER.WARMUP_ITERS", "20",
+                   "INPUT.SCALE_JITTER.CROP_SIZE", "160"]
 # config, extra overrides, AP50 the run must reach. Measured on these exact runs (fixed seed,
-# 2 cores): conv 1.34, AA 2.14, SASA 0.55 AP50 -- an untrained RetinaNet scores 0 (its prior
-# probability 0.01 is below the test score threshold 0.05). Thresholds are about half of that.
+# 2 cores): conv 1.34, AA 2.14, SASA 0.71, SASA all-attention 0.98 AP50 -- an untrained
+# RetinaNet scores 0 (its prior probability 0.01 is below the test score threshold 0.05).
+# Thresholds are about half of that.
 RUNS = {
     "conv": ("trees_R_50_slim_FPN.yaml", [], 0.7),
     "aa": ("trees_AA_R_50_slim_FPN.yaml", [], 1.0),
-    "sasa": ("trees_SASA_R_26_slim_FPN.yaml", SASA_SHORT, 0.25),
+    "sasa": ("trees_SASA_R_26_slim_FPN.yaml", SASA_SHORT, 0.35),
+    "sasa_full_attention": ("trees_SASA_full_attention_R_26_slim.yaml", SASA_FULL_SHORT, 0.5),
 }
 
 
@@ -50,4 +56,4 @@ def test_short_training_learns(name, trees_root, tmp_path):
     m, losses = read_metrics(str(tmp_path))
     print(f"{name}: AP {m['bbox/AP']:.2f} AP50 {m['bbox/AP50']:.2f} AP75 {m['bbox/AP75']:.2f}")
     assert m["bbox/AP50"] >= min_ap50, m
-    assert losses[-1] < 0.75 * losses[0], losses  # measured: 0.63x (conv), 0.65x (SASA)
+    assert losses[-1] < 0.75 * losses[0], losses  # measured: 0.63x (conv), 0.56x (SASA), 0.62x (all attention)

@@ -24,7 +24,9 @@ the res3 / res4 / res5 map sizes of a 640x640 image (80, 40, 20):
   skipped and say so.
 
 * **SASA** (``--suite sasa``): :class:`aadet.layers.LocalSelfAttention2d` (256 channels, k = 7,
-  8 heads, relative) against a 3x3 convolution of the same width and against ``unfold``: the
+  8 heads, relative; both of its routes, ``impl="neighborhood"`` -- offset by offset, the CPU
+  default -- and ``impl="fused"`` -- blocked with halos through SDPA, the CUDA default) against
+  a 3x3 convolution of the same width and against ``unfold``: the
   same attention written with ``F.unfold`` (every pixel's ``k x k`` keys and values copied,
   ``k^2 = 49`` times the map), out-of-map neighbours masked like ours.
 
@@ -171,7 +173,7 @@ def plan_cases(suites, sizes, batch, max_naive_bytes):
                         c["skipped"] = f"needs ~{need / 2 ** 30:.1f} GiB > --max-naive-gib"
                     cases.append(c)
         if "sasa" in suites:
-            for impl in ("ours", "unfold", "conv3x3"):
+            for impl in ("neighborhood", "fused", "unfold", "conv3x3"):
                 cases.append(
                     dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
                 )
@@ -212,7 +214,8 @@ def _make_work(case, batch, device, dtype):
         elif case["impl"] == "conv3x3":
             mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
         else:
-            mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS)
+            impl = case["impl"] if case["impl"] in ("neighborhood", "fused") else "auto"
+            mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS, impl=impl)
         mod = mod.to(device=device, dtype=dtype)
         params = list(mod.parameters())
         if case["suite"] == "sasa" and case["impl"] == "unfold":
@@ -259,7 +262,8 @@ _LABELS = {
     ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
     ("aa", "layer", "auto"): "AugmentedConv2d, ours",
     ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
-    ("sasa", "layer", "ours"): "LocalSelfAttention2d, ours",
+    ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
+    ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
     ("sasa", "layer", "unfold"): "naive unfold attention",
     ("sasa", "layer", "conv3x3"): "3x3 conv",
 }

@@ -32,15 +32,20 @@ Convention
     ``k x k`` neighbours, as for a zero-padded convolution): ``content_logits = n k^2 C``,
     ``relative_logits = n k C`` (``k`` row and ``k`` column offsets of ``dkh / 2``),
     ``weighted_sum = n k^2 C``. The stride-2 average pooling is not counted (pooling never is).
-  - SASA stem, block ``b``, ``m`` mixtures: ``value_projection = n C_in C`` (the mixed value
-    matrix is an einsum, not a conv), ``value_mixing = b^2 m C C_in``, ``content_logits =
-    weighted_sum = n b^2 C``, ``relative_logits = n b C`` (same convention as the layer).
+  - SASA stem, block ``b``, ``m`` mixtures: ``projections = 3 n C_in C`` (q, k and the mixed
+    value matrix; the stem uses its ``query``/``key`` weights directly, not as convolutions),
+    ``value_mixing = b^2 m C C_in``, ``content_logits = weighted_sum = n b^2 C``,
+    ``relative_logits = n b C`` (same convention as the layer).
 
 * **Overhead** (reported separately, never in the totals): the extra multiply-adds of our
-  implementation's fused path -- blocked queries and halo windows (SASA: every query of a
-  ``b x b`` tile scores the ``(b + 2r)^2`` window), the position tables appended to ``q`` and
+  implementation's fused (CUDA) path -- blocked queries and halo windows (SASA: every query of
+  a ``b x b`` tile scores the ``(b + 2r)^2`` window), the position tables appended to ``q`` and
   the one-hot indicators appended to ``k`` (AA: ``h + w`` extra dims per logit), the
-  ``2L - 1``-offset table matmuls. Estimated by formula (:func:`attention_overhead_flops`).
+  ``2L - 1``-offset table matmuls. The SASA layer's neighborhood route (the CPU default) has
+  none: it evaluates exactly the ``k^2`` offsets per pixel that the formula counts. The stem:
+  the extra work of the route it takes (factorized through the input: the ``b^2 C_in``-wide
+  output matmul; projected: the ``2b - 1`` offset tables). Estimated by formula
+  (:func:`attention_overhead_flops`).
 """
 
 import dataclasses
@@ -184,7 +189,7 @@ def _stem_flops(m: SpatiallyAwareAttentionStem, input_shape: Sequence[int]) -> D
     b, cin, h, w = input_shape
     n, s, c = h * w, m.block_size, m.out_channels
     return {
-        "value_projection": b * n * cin * c,
+        "projections": 3 * b * n * cin * c,  # q, k and the mixed value matrix, once per pixel
         "value_mixing": s * s * m.num_mixtures * c * cin,  # the b^2 mixed matrices, once per call
         "content_logits": b * n * s * s * c,
         "relative_logits": b * n * s * c if m.rel_h is not None else 0,
@@ -248,14 +253,17 @@ def attention_overhead_flops(module: nn.Module, input_shape: Sequence[int]) -> i
         if module.rel_h is not None:
             implemented += b * h * w * module.kernel_size * module.out_channels
     elif isinstance(module, SpatiallyAwareAttentionStem):
-        s, d = module.block_size, module.head_channels
-        implemented = _blocked_macs(
-            b, module.num_heads, h, w, (s, s), 0, d, d, module.rel_h is not None
-        )
-        if module.rel_h is not None:
-            implemented += b * h * w * (2 * s - 1) * module.out_channels
-        implemented += b * h * w * cin * module.out_channels  # value projection
-        implemented += s * s * module.num_mixtures * module.out_channels * cin
+        s, c, nh = module.block_size, module.out_channels, module.num_heads
+        pix = b * math.ceil(h / s) * s * math.ceil(w / s) * s  # padded to whole blocks
+        rel = module.rel_h is not None
+        implemented = s * s * module.num_mixtures * c * cin  # the mixed value matrices
+        if nh * s * s * cin <= 3 * c:  # factorized through the input
+            implemented += nh * cin * cin * c // nh  # W_Q^T W_K per head
+            implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
+            implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head
+        else:  # projected
+            implemented += 3 * pix * cin * c
+            implemented += pix * s * s * 2 * c + (pix * (2 * s - 1) * c if rel else 0)
     else:
         raise TypeError(
             f"attention_overhead_flops: not an attention layer: {type(module).__name__}"

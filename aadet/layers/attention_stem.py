@@ -28,8 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.local_attention import block_self_attention_2d
-from .local_attention import merge_heads, split_heads
+from .functional.local_attention import (
+    add_block_relative_logits,
+    block_attention,
+    block_padding_mask,
+    block_softmax,
+    blocks_to_map,
+    map_to_blocks,
+)
 
 __all__ = ["SpatiallyAwareAttentionStem"]
 
@@ -67,7 +73,6 @@ class SpatiallyAwareAttentionStem(nn.Module):
         positional_encoding: ``"relative"`` (relative logits inside the block, as in the SASA
             layer) or ``"none"``; the spatially-aware values are there in both cases.
         norm: ``"BN"`` (default), ``""``, a module, or a callable ``channels -> module``.
-        impl: see :func:`aadet.layers.functional.attention_with_logit_tables`.
 
     Parameters: ``query``/``key`` ``[out, in, 1, 1]`` and ``value_weight [m, out, in]`` ~
     ``N(0, in ** -0.5)``; ``rel_h [2b-1, dkh//2]``, ``rel_w [2b-1, dkh - dkh//2]`` ~
@@ -86,7 +91,6 @@ class SpatiallyAwareAttentionStem(nn.Module):
         embedding_dim: Optional[int] = None,
         positional_encoding: str = "relative",
         norm: NormSpec = "BN",
-        impl: str = "auto",
     ):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
@@ -120,7 +124,6 @@ class SpatiallyAwareAttentionStem(nn.Module):
         self.num_heads = num_heads
         self.num_mixtures = num_mixtures
         self.positional_encoding = positional_encoding
-        self.impl = impl
         self.head_channels = dkh
 
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)
@@ -148,7 +151,9 @@ class SpatiallyAwareAttentionStem(nn.Module):
         return torch.softmax(emb @ self.nu.t(), dim=-1)  # [b, b, m]
 
     def _values(self, x: torch.Tensor) -> torch.Tensor:
-        """Spatially-aware values ``[B, out, H, W]``: ``v_ab = (sum_m p(a,b,m) W_V^m) x_ab``."""
+        """Spatially-aware values ``[B, out, H, W]``: ``v_ab = (sum_m p(a,b,m) W_V^m) x_ab``.
+
+        Map layout (for inspection and tests; :meth:`forward` computes them in block layout)."""
         bsz, c, h, w = x.shape
         s = self.block_size
         hp, wp = -(-h // s) * s, -(-w // s) * s
@@ -158,25 +163,87 @@ class SpatiallyAwareAttentionStem(nn.Module):
         return v.reshape(bsz, self.out_channels, hp, wp)[:, :, :h, :w]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, in, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``."""
+        """``[B, in, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``.
+
+        The attention runs in block layout ``[B * blocks, b*b, channels]`` (only the ``in``-channel
+        input is rearranged into blocks; the output is written back once), by one of two routes
+        with the same numbers (both tested against a float64 brute force):
+
+        * factorized through the input (when ``Nh * b^2 * in <= 3 * out``, e.g. RGB, 1 head):
+          ``q_i . k_j = x_i^T (W_Q^T W_K) x_j``, ``q_i . rel[t] = x_i^T (W_Q^T rel[t])`` and the
+          output ``sum_j p_ij W_V(j) x_j`` is one matmul of the weighted inputs ``p_ij x_j``
+          ``[b^2, b^2 * in]`` with the stacked per-position value matrices -- the full-resolution
+          ``out``-channel q, k and v are never written;
+        * projected: q, k and the spatially-aware v computed per pixel, then
+          :func:`~aadet.layers.functional.block_attention`.
+        """
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"SpatiallyAwareAttentionStem expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
             )
-        nh = self.num_heads
-        q = split_heads(self.query(x), nh) * self.head_channels ** -0.5  # [B, Nh, H, W, dkh]
-        k = split_heads(self.key(x), nh)  # [B, Nh, H, W, dkh]
-        v = split_heads(self._values(x), nh)  # [B, Nh, H, W, dkh]
-        out = block_self_attention_2d(
-            q, k, v, self.rel_h, self.rel_w, self.block_size, impl=self.impl
-        )  # [B, Nh, H, W, dkh]
-        out = merge_heads(out)  # [B, out, H, W]
+        bsz, cin, h, w = x.shape
+        s = self.block_size
+        ct = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            xb = map_to_blocks(x.to(ct), s)  # [N, P, in], N = B * blocks
+            mask = block_padding_mask((h, w), s, x.device)
+            if mask is not None:
+                mask = mask.repeat(bsz, 1, 1, 1)
+            if self.num_heads * s * s * cin <= 3 * self.out_channels:
+                out = self._attend_factorized(xb, mask)
+            else:
+                out = self._attend_projected(xb, mask)  # [N, P, out]
+            out = blocks_to_map(out, bsz, (h, w), s).to(x.dtype)  # [B, out, H, W]
         if self.norm is not None:
             out = self.norm(out)
         out = F.relu(out)
-        s = self.block_size
         # ceil_mode: the last window may be cut by the border and pools only in-map pixels.
         return F.max_pool2d(out, kernel_size=s, stride=s, ceil_mode=True)
+
+    def _head_weights(self, dtype):
+        """Scaled ``W_Q``, ``W_K`` ``[Nh, d, in]`` and the per-position value matrices
+        ``W_V(a, b) = sum_m p(a, b, m) W_V^m`` as ``[b*b, out, in]``."""
+        nh, d, cin = self.num_heads, self.head_channels, self.in_channels
+        wq = self.query.weight.to(dtype).view(nh, d, cin) * d ** -0.5
+        wk = self.key.weight.to(dtype).view(nh, d, cin)
+        w_v = torch.einsum("abm,moc->aboc", self.mixture_weights().to(dtype), self.value_weight.to(dtype))
+        return wq, wk, w_v.reshape(self.block_size ** 2, self.out_channels, cin)
+
+    def _attend_projected(self, xb: torch.Tensor, mask) -> torch.Tensor:
+        """``xb [N, P, in]`` -> ``[N, P, out]``: q, k, v per pixel, then block attention."""
+        n, p, cin = xb.shape
+        nh, d = self.num_heads, self.head_channels
+        wq, wk, w_v = self._head_weights(xb.dtype)
+        q = torch.matmul(xb, wq.reshape(-1, cin).t())  # [N, P, out]
+        k = torch.matmul(xb, wk.reshape(-1, cin).t())
+        v = torch.einsum("npi,poi->npo", xb, w_v)  # v_j = W_V(j) x_j
+
+        def heads(t):  # [N, P, Nh * d] -> [N, Nh, P, d]
+            return t.view(n, p, nh, d).transpose(1, 2)
+
+        out = block_attention(heads(q), heads(k), heads(v), self.rel_h, self.rel_w, self.block_size, mask)
+        return out.transpose(1, 2).reshape(n, p, self.out_channels)
+
+    def _attend_factorized(self, xb: torch.Tensor, mask) -> torch.Tensor:
+        """``xb [N, P, in]`` -> ``[N, P, out]``, factorized through the input (see :meth:`forward`)."""
+        n, p, cin = xb.shape
+        nh, d = self.num_heads, self.head_channels
+        wq, wk, w_v = self._head_weights(xb.dtype)
+        x4 = xb[:, None]  # [N, 1, P, in]
+        qk = torch.matmul(wq.transpose(1, 2), wk)  # [Nh, in, in]: W_Q^T W_K per head
+        logits = torch.matmul(torch.matmul(x4, qk), x4.transpose(-1, -2))  # [N, Nh, P, P]
+        if self.rel_h is not None:
+            dr = d // 2
+            row_w = torch.matmul(wq[:, :dr].transpose(1, 2), self.rel_h.to(xb.dtype).t())  # [Nh, in, 2b-1]
+            col_w = torch.matmul(wq[:, dr:].transpose(1, 2), self.rel_w.to(xb.dtype).t())
+            logits = add_block_relative_logits(
+                logits, torch.matmul(x4, row_w), torch.matmul(x4, col_w), self.block_size
+            )
+        probs = block_softmax(logits, mask)  # [N, Nh, P, P]
+        w_v = w_v.view(p, nh, d, cin).permute(1, 0, 3, 2).reshape(nh, p * cin, d)  # [Nh, P * in, d]
+        weighted = probs[..., None] * x4[:, :, None]  # [N, Nh, P, P, in]: p_ij x_j
+        out = torch.matmul(weighted.flatten(-2), w_v)  # [N, Nh, P, d]
+        return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
     def flop_count(self, input_hw) -> dict:
         """Multiply-adds for one ``(H, W)`` image (fvcore convention, 1 MAC = 1 flop).
@@ -184,7 +251,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         With ``n = H * W`` pixels, ``C_in``, ``C = out_channels``, block ``b``, ``m`` mixtures:
         ``projections = 3 n C_in C`` (q, k and the mixed value matrix, applied once per pixel),
         ``value_mixing = b^2 m C C_in`` (the ``b^2`` mixed matrices), ``content_logits =
-        weighted_sum = n b^2 C``, ``relative_logits = n (2b - 1) C`` (0 for ``"none"``);
+        weighted_sum = n b^2 C``, ``relative_logits = n b C`` (each query needs ``b`` row and ``b``
+        column offsets of ``dkh / 2``, as the SASA layer counts ``k``; 0 for ``"none"``);
         norm, ReLU and pooling are not counted. Idealised: every block is full.
         """
         h, w = input_hw
@@ -193,7 +261,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
             "projections": 3 * n * self.in_channels * c,
             "value_mixing": b * b * self.num_mixtures * c * self.in_channels,
             "content_logits": n * b * b * c,
-            "relative_logits": n * (2 * b - 1) * c if self.rel_h is not None else 0,
+            "relative_logits": n * b * c if self.rel_h is not None else 0,
             "weighted_sum": n * b * b * c,
         }
         out["total"] = sum(out.values())

@@ -7,8 +7,8 @@ relative logits ``q . r_{a-i, b-j}`` (row and column offset embeddings of ``dkh/
 each, concatenated). Section 3.1: when a spatial convolution had a stride, the attention layer
 is followed by a 2x2 average pooling with stride 2.
 
-The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (blocked, with
-halos, masks for the map borders; see there). This module adds the projections, the head
+The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (offset by
+offset on CPU, blocked with halos through fused SDPA on CUDA; exact at the map borders; see there). This module adds the projections, the head
 split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling, and, like
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
@@ -25,7 +25,7 @@ from .position_encoding import sine_2d
 __all__ = ["LocalSelfAttention2d", "split_heads", "merge_heads"]
 
 _POSITIONAL = ("relative", "absolute", "none")
-_IMPLS = ("auto", "fused", "materialized")
+_IMPLS = ("auto", "neighborhood", "fused", "materialized")
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -81,8 +81,9 @@ class LocalSelfAttention2d(nn.Module):
         num_heads: ``Nh``, must divide ``out_channels`` (paper: 8).
         stride: 1 or 2.
         positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"absolute"`` or ``"none"``.
-        block_size: query tile side of the blocked implementation (speed/memory only).
-        impl: ``"auto"``, ``"fused"`` or ``"materialized"`` (see ``attention_with_logit_tables``).
+        block_size: query tile side of the blocked routes (speed/memory only).
+        impl: ``"auto"``, ``"neighborhood"``, ``"fused"`` or ``"materialized"`` (see
+            :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).

@@ -108,7 +108,7 @@ def convert_fpn_to_attention(
 def attention(fpn, cfg):
     """SASA's attentional FPN (``MODEL.FPN.SPATIAL_LAYER = "attention"``): the output convs
     become local self-attention with ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS, POSITIONAL_ENCODING,
-    BLOCK_SIZE}``; P6/P7 too if ``MODEL.FPN.ATTENTION_TOP_BLOCK`` (see the module docstring)."""
+    BLOCK_SIZE, IMPL}``; P6/P7 too if ``MODEL.FPN.ATTENTION_TOP_BLOCK`` (see the module docstring)."""
     sa = cfg.MODEL.SASA
     return convert_fpn_to_attention(
         fpn,
@@ -116,6 +116,7 @@ def attention(fpn, cfg):
         num_heads=sa.NUM_HEADS,
         positional_encoding=sa.POSITIONAL_ENCODING,
         block_size=sa.BLOCK_SIZE,
+        impl=sa.IMPL,
         outputs=True,
         top_block=cfg.MODEL.FPN.ATTENTION_TOP_BLOCK,
     )

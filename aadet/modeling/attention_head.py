@@ -4,7 +4,7 @@ Paper: Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurI
 Section 4.2 / Table 2. :class:`AttentionRetinaNetHead` is Detectron2's ``RetinaNetHead`` with
 every 3x3 convolution of ``cls_subnet`` and ``bbox_subnet`` replaced by a
 :class:`~aadet.layers.local_attention.LocalSelfAttention2d` (``MODEL.SASA.KERNEL_SIZE/NUM_HEADS/
-POSITIONAL_ENCODING/BLOCK_SIZE``); the towers' norms (incl. Detectron2's per-level
+POSITIONAL_ENCODING/BLOCK_SIZE/IMPL``); the towers' norms (incl. Detectron2's per-level
 ``CycleBatchNormList``) and ReLUs stay. Selected by ``MODEL.RETINANET.HEAD_NAME =
 "AttentionRetinaNetHead"`` (meta-architecture ``AADetRetinaNet``).
 
@@ -84,5 +84,6 @@ class AttentionRetinaNetHead(RetinaNetHead):
             num_heads=sa.NUM_HEADS,
             positional_encoding=sa.POSITIONAL_ENCODING,
             block_size=sa.BLOCK_SIZE,
+            impl=sa.IMPL,
         )
         return ret

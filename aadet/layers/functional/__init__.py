@@ -9,7 +9,11 @@ from .relative_attention import (  # noqa: F401
     relative_table_for_length,
 )
 from .local_attention import (  # noqa: F401
+    block_attention,
+    block_padding_mask,
     block_self_attention_2d,
+    blocks_to_map,
+    map_to_blocks,
     local_attention_probs_2d,
     local_self_attention_2d,
 )

@@ -13,7 +13,7 @@ Registered as ``build_sasa_resnet_backbone`` (bottom-up), and, through
 and ``build_retinanet_sasa_resnet_fpn_backbone``.
 
 Config keys: ``MODEL.SASA.*`` (``STAGES``, ``KERNEL_SIZE``, ``NUM_HEADS``,
-``POSITIONAL_ENCODING``, ``BLOCK_SIZE``, ``STEM``, ``STEM_*``) and Detectron2's
+``POSITIONAL_ENCODING``, ``BLOCK_SIZE``, ``IMPL``, ``STEM``, ``STEM_*``) and Detectron2's
 ``MODEL.RESNETS.*`` (``DEPTH``, ``NORM``, ``OUT_FEATURES``, ``STEM_OUT_CHANNELS``,
 ``RES2_OUT_CHANNELS``, ``WIDTH_PER_GROUP``, ``NUM_GROUPS``, ``STRIDE_IN_1X1``,
 ``RES5_DILATION``, ``DEFORM_ON_PER_STAGE``) and ``MODEL.BACKBONE.FREEZE_AT``.
@@ -114,6 +114,7 @@ def _sasa_options(cfg):
         num_heads=sa.NUM_HEADS,
         positional_encoding=sa.POSITIONAL_ENCODING,
         block_size=sa.BLOCK_SIZE,
+        impl=sa.IMPL,
     )
 
 
