@@ -27,11 +27,12 @@ Two exact routes compute it (``impl``):
   (what any exact backward needs, 49 floats per pixel and head for ``k = 7``); keys and values are
   never copied ``k^2`` times. Logits and softmax are float32 (float64 for float64 inputs).
   Work equals the papers' count (``2 k^2 dk`` per pixel and head) with no halo overhead, in
-  memory-bound elementwise kernels: on CPU it beats the blocked route 1.5-2x at every
-  detection size (BENCHMARKS.md).
-* ``"fused"`` / ``"materialized"`` (the default on CUDA, where one fused kernel beats ``2 k^2``
-  elementwise launches): blocked attention with halos, as in the paper's TPU implementation and
-  timm's ``HaloAttn``, but exact at the borders and for any size:
+  memory-bound elementwise kernels: on CPU it is 1.3-1.8x faster than the blocked route at the
+  res3-res5 sizes of a 640 image, with half its memory (BENCHMARKS.md).
+* ``"fused"`` / ``"materialized"``: blocked attention with halos, as in the paper's TPU
+  implementation and timm's ``HaloAttn``, but exact at the borders and for any size. ``"fused"``
+  is the default on CUDA, where one fused kernel per layer should beat ``2 k^2`` elementwise
+  launches (not yet measured on a GPU: ``tools/benchmark_layers.py --device cuda``):
 
   1. pad the map to multiples of a block ``bh x bw`` (``min(block_size, H or W)``); queries are
      the ``bh * bw`` pixels of a block; keys/values the ``(bh + 2r) x (bw + 2r)`` window around it
