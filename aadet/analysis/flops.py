@@ -258,7 +258,7 @@ def attention_overhead_flops(module: nn.Module, input_shape: Sequence[int]) -> i
         rel = module.rel_h is not None
         implemented = s * s * module.num_mixtures * c * cin  # the mixed value matrices
         if nh * s * s * cin <= 3 * c:  # factorized through the input
-            implemented += nh * cin * cin * c // nh  # W_Q^T W_K per head
+            implemented += cin * cin * c  # W_Q^T W_K: Nh heads of [in, d] x [d, in]
             implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
             implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head
         else:  # projected
