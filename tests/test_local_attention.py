@@ -243,7 +243,7 @@ def _manual_layer(layer, x):
     """The layer's forward written out with the brute force (stride 1, no bias/norm)."""
     nh, d = layer.num_heads, layer.head_channels
     x_qk = x
-    if layer.positional_encoding == "absolute":
+    if layer.positional_encoding == "sine2d":
         x_qk = x + sine_2d(x.shape[2], x.shape[3], x.shape[1], dtype=x.dtype)
     q = split_heads(layer.query(x_qk), nh) * d ** -0.5
     k = split_heads(layer.key(x_qk), nh)
@@ -251,7 +251,7 @@ def _manual_layer(layer, x):
     return merge_heads(brute_force(q, k, v, layer.rel_h, layer.rel_w, layer.kernel_size))
 
 
-@pytest.mark.parametrize("pe", ["relative", "absolute", "none"])
+@pytest.mark.parametrize("pe", ["relative", "sine2d", "none"])
 def test_layer_matches_brute_force(pe):
     torch.manual_seed(0)
     layer = LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, positional_encoding=pe,
@@ -278,7 +278,7 @@ def test_layer_translation_equivariance_away_from_borders():
 
 def test_absolute_encoding_breaks_translation_equivariance():
     torch.manual_seed(0)
-    layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute").double()
+    layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="sine2d").double()
     x = torch.randn(1, 8, 12, 12, dtype=D)
     with torch.no_grad():
         diff = (layer(x[:, :, 2:, 2:])[:, :, 2:-2, 2:-2] - layer(x)[:, :, 4:-2, 4:-2]).abs().max()
@@ -368,3 +368,9 @@ def test_layer_validation(kwargs, match):
 def test_layer_rejects_wrong_input_channels():
     with pytest.raises(ValueError, match=r"\[B, 8, H, W\]"):
         LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2)(torch.randn(1, 4, 5, 5))
+
+
+def test_absolute_is_a_deprecated_spelling_of_sine2d():
+    with pytest.warns(DeprecationWarning, match="sine2d"):
+        layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute")
+    assert layer.positional_encoding == "sine2d"

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional.logit_tables import LOGIT_TABLE_IMPLS
 from .functional.relative_attention import (
     relative_attention_weights_2d,
     relative_self_attention_2d,
@@ -45,7 +46,6 @@ from .position_encoding import coord_channels, sine_2d
 __all__ = ["AugmentedConv2d", "attention_depth", "POSITIONAL_ENCODINGS"]
 
 POSITIONAL_ENCODINGS = ("relative", "none", "sine2d", "coordconv")
-_IMPLS = ("auto", "fused", "materialized")
 
 
 def attention_depth(ratio: float, out_channels: int, num_heads: int, min_per_head: int = 1) -> int:
@@ -179,8 +179,8 @@ class AugmentedConv2d(nn.Module):
                 f"AugmentedConv2d: positional_encoding must be one of {POSITIONAL_ENCODINGS}; "
                 f"got {positional_encoding!r}"
             )
-        if impl not in _IMPLS:
-            raise ValueError(f"AugmentedConv2d: impl must be one of {_IMPLS}; got {impl!r}")
+        if impl not in LOGIT_TABLE_IMPLS:
+            raise ValueError(f"AugmentedConv2d: impl must be one of {LOGIT_TABLE_IMPLS}; got {impl!r}")
 
         dk = self._resolve_depth("dk", "kappa", dk, kappa, 0.2, out_channels, num_heads,
                                  min_dk_per_head, upper=None)

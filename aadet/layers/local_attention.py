@@ -13,19 +13,36 @@ split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
 """
+import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.local_attention import local_self_attention_2d
+from .functional.local_attention import LOCAL_ATTENTION_IMPLS, local_self_attention_2d
 from .position_encoding import sine_2d
 
-__all__ = ["LocalSelfAttention2d", "split_heads", "merge_heads"]
+__all__ = ["LocalSelfAttention2d", "POSITIONAL_ENCODINGS", "split_heads", "merge_heads"]
 
-_POSITIONAL = ("relative", "absolute", "none")
-_IMPLS = ("auto", "neighborhood", "fused", "materialized")
+# Allowed ``positional_encoding`` values (the one definition; the config imports it). "sine2d" is
+# the same 2D sine encoding as AugmentedConv2d's; DEPRECATED_POSITIONAL_ENCODINGS maps old names.
+POSITIONAL_ENCODINGS = ("relative", "sine2d", "none")
+DEPRECATED_POSITIONAL_ENCODINGS = {"absolute": "sine2d"}
+
+
+def canonical_positional_encoding(name: str, owner: str = "positional_encoding") -> str:
+    """``name`` with deprecated spellings replaced (a ``DeprecationWarning`` says so)."""
+    if name in DEPRECATED_POSITIONAL_ENCODINGS:
+        new = DEPRECATED_POSITIONAL_ENCODINGS[name]
+        warnings.warn(
+            f"{owner}={name!r} is deprecated; it is the same 2D sine encoding as {new!r}: "
+            f"write {new!r}.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+    return name
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -52,7 +69,7 @@ class LocalSelfAttention2d(nn.Module):
 
     * ``q, k, v = W_Q x', W_K x', W_V x`` (1x1, no bias, ``out_channels`` each), split into
       ``Nh`` heads of ``dkh = out_channels / Nh`` channels: ``[B, Nh, H, W, dkh]``;
-      ``x' = x`` except for ``positional_encoding="absolute"``;
+      ``x' = x`` except for ``positional_encoding="sine2d"``;
     * ``q *= dkh ** -0.5``;
     * local attention over centred ``k x k`` windows clipped to the map: ``[B, Nh, H, W, dkh]``,
       heads concatenated: ``[B, out_channels, H, W]``;
@@ -66,7 +83,7 @@ class LocalSelfAttention2d(nn.Module):
     * ``"relative"``: ``rel_h [k, dkh//2]`` and ``rel_w [k, dkh - dkh//2]``, shared by all heads,
       initialised ``N(0, dkh ** -0.5)`` (the initializer of the AA/SASA reference code: the
       relative logits start an order of magnitude below the content logits);
-    * ``"absolute"``: the 2D sine encoding of the Image Transformer
+    * ``"sine2d"`` (formerly ``"absolute"``): the 2D sine encoding of the Image Transformer
       (:func:`aadet.layers.position_encoding.sine_2d`, integer pixel positions of this map) is
       added to the input of the query and key projections, not of the values;
     * ``"none"``: content only (permutation-equivariant inside each window).
@@ -80,7 +97,7 @@ class LocalSelfAttention2d(nn.Module):
         kernel_size: odd spatial extent ``k >= 1`` (paper: 7).
         num_heads: ``Nh``, must divide ``out_channels`` (paper: 8).
         stride: 1 or 2.
-        positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"absolute"`` or ``"none"``.
+        positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"sine2d"`` or ``"none"``.
         block_size: query tile side of the blocked routes (speed/memory only).
         impl: ``"auto"``, ``"neighborhood"``, ``"fused"`` or ``"materialized"`` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
@@ -119,9 +136,10 @@ class LocalSelfAttention2d(nn.Module):
             )
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2; got {stride!r}")
-        if positional_encoding not in _POSITIONAL:
+        positional_encoding = canonical_positional_encoding(positional_encoding)
+        if positional_encoding not in POSITIONAL_ENCODINGS:
             raise ValueError(
-                f"positional_encoding must be one of {_POSITIONAL}; got {positional_encoding!r}"
+                f"positional_encoding must be one of {POSITIONAL_ENCODINGS}; got {positional_encoding!r}"
             )
         dkh = out_channels // num_heads
         if positional_encoding == "relative" and dkh < 2:
@@ -129,8 +147,8 @@ class LocalSelfAttention2d(nn.Module):
                 "positional_encoding='relative' needs at least 2 channels per head "
                 f"(out_channels / num_heads); got out_channels={out_channels}, num_heads={num_heads}"
             )
-        if impl not in _IMPLS:
-            raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
+        if impl not in LOCAL_ATTENTION_IMPLS:
+            raise ValueError(f"impl must be one of {LOCAL_ATTENTION_IMPLS}; got {impl!r}")
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -170,7 +188,7 @@ class LocalSelfAttention2d(nn.Module):
             )
         _, _, h, w = x.shape
         x_qk = x
-        if self.positional_encoding == "absolute":
+        if self.positional_encoding == "sine2d":
             x_qk = x + sine_2d(h, w, self.in_channels, device=x.device, dtype=x.dtype)
         nh = self.num_heads
         q = split_heads(self.query(x_qk), nh) * self.head_channels ** -0.5  # [B, Nh, H, W, dkh]

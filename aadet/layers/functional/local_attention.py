@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from .logit_tables import MASK_VALUE, attention_with_logit_tables
 
 __all__ = [
+    "LOCAL_ATTENTION_IMPLS",
     "local_self_attention_2d",
     "block_attention",
     "add_block_relative_logits",
@@ -74,7 +75,8 @@ __all__ = [
     "local_attention_probs_2d",
 ]
 
-_IMPLS = ("auto", "neighborhood", "fused", "materialized")
+# Allowed values of ``impl`` (the one definition; layers and the config import it).
+LOCAL_ATTENTION_IMPLS = ("auto", "neighborhood", "fused", "materialized")
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -519,8 +521,8 @@ def local_self_attention_2d(
         )
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
+    if impl not in LOCAL_ATTENTION_IMPLS:
+        raise ValueError(f"impl must be one of {LOCAL_ATTENTION_IMPLS}; got {impl!r}")
     if impl == "auto":
         impl = "fused" if q.device.type == "cuda" else "neighborhood"
     if impl == "neighborhood":

@@ -28,13 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MASK_VALUE", "attention_with_logit_tables"]
+__all__ = ["LOGIT_TABLE_IMPLS", "MASK_VALUE", "attention_with_logit_tables"]
 
 # Large negative logit used as a mask. Finite (no inf-inf = NaN), representable in fp16
 # (|x| < 65504) and far below any real logit, so exp(MASK_VALUE - max) underflows to 0.
 MASK_VALUE = -1.0e4
 
-_IMPLS = ("auto", "fused", "materialized")
+# Allowed values of ``impl`` (the one definition; AA layers and the config import it).
+LOGIT_TABLE_IMPLS = ("auto", "fused", "materialized")
 
 
 def _indicators(key_index: Sequence[torch.Tensor], sizes: Sequence[int], like: torch.Tensor):
@@ -117,8 +118,8 @@ def attention_with_logit_tables(
     Returns:
         ``[*, Lq, dv]``.
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
+    if impl not in LOGIT_TABLE_IMPLS:
+        raise ValueError(f"impl must be one of {LOGIT_TABLE_IMPLS}; got {impl!r}")
     if len(tables) != len(key_index):
         raise ValueError(f"got {len(tables)} tables but {len(key_index)} key indices")
     if impl == "auto":

@@ -137,7 +137,7 @@ def _build_stem(cfg, input_shape: ShapeSpec):
         block_size=sa.STEM_BLOCK_SIZE,
         num_heads=sa.STEM_NUM_HEADS,
         num_mixtures=sa.STEM_MIXTURES,
-        # The stem has relative logits or none; "absolute" (a trunk ablation) keeps them relative.
+        # The stem has relative logits or none; "sine2d" (a trunk ablation) keeps them relative.
         positional_encoding="none" if sa.POSITIONAL_ENCODING == "none" else "relative",
         norm=(lambda c: get_norm(norm, c)) if norm else "",
     )
