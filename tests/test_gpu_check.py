@@ -1,0 +1,291 @@
+"""``tools/gpu_check.py`` and ``aadet/analysis/gpu_report.py`` on CPU: the benchmark JSON ->
+``benchmarks_cuda.json`` conversion with its target verdicts (synthetic benchmark outputs with
+known numbers), the junit parser, the stage merge, and the configs stage's ``--device cpu`` dry
+run on one tiny config."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from aadet.analysis import gpu_report as gr
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 2**20
+ENV = {"device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0"}
+BASE, AA, SASA, FULL = (f"configs/COCO-Detection/{n}.yaml" for n in (
+    "retinanet_R_50_FPN_scratch_150ep", "aa_retinanet_R_50_FPN_scratch_150ep",
+    "sasa_convstem_retinanet_R_50_FPN_scratch_150ep",
+    "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"))
+
+
+def _case(config, amp, train_s, infer_s, train_mib, **extra):
+    return dict(config=config, amp=amp, params=1, env=ENV,
+                train={"median_s": train_s, "peak_bytes": int(train_mib * MIB)},
+                inference={"median_s": infer_s, "peak_bytes": 123}, **extra)
+
+
+def config_report(**top):
+    """What ``tools/benchmark.py --amp both --amp-dtype bfloat16`` writes (the keys gpu_report reads)."""
+    results = [
+        # fp32: AA 1.05x train (pass), 1.21x infer (miss by 0.11), 1.10x memory (pass)
+        _case(BASE, False, 0.200, 0.100, 1000), _case(AA, False, 0.210, 0.121, 1100),
+        _case(SASA, False, 0.280, 0.150, 1500), _case(FULL, False, 0.500, 0.300, 2000),
+        # bf16: AA 1.20x train (miss), SASA 1.5x exactly (pass: <= is inclusive), FULL fails (OOM)
+        _case(BASE, True, 0.100, 0.050, 600), _case(AA, True, 0.120, 0.050, 690),
+        _case(SASA, True, 0.150, 0.070, 800),
+        dict(config=FULL, amp=True, error="CUDA out of memory: tried to allocate 2 GiB"),
+    ]
+    return dict(device="cuda", size=[640, 640], batch=8, warmup=5, iters=20, baseline=BASE, opts=[],
+                env=ENV, results=results, **top)
+
+
+def layer_report(amp, conv_s, fused_s, conv_bytes, fused_bytes, amp_dtype="bfloat16"):
+    """What ``tools/benchmark_layers.py --suite sasa --sizes 80 [--amp --amp-dtype bfloat16]`` writes."""
+    rows = [dict(suite="sasa", kind="layer", impl=impl, side=80, channels=256, median_s=t, cpu_median_s=t,
+                 peak_bytes=m, peak_abs_bytes=m, peak_exact=True)
+            for impl, t, m in (("neighborhood", 4 * conv_s, 3 * conv_bytes), ("fused", fused_s, fused_bytes),
+                               ("unfold", 9 * conv_s, 40 * conv_bytes), ("conv3x3", conv_s, conv_bytes))]
+    out = dict(device="cuda", batch=8, warmup=5, iters=20, amp=amp, env=ENV, reference_check={}, results=rows)
+    if amp:
+        out["amp_dtype"] = amp_dtype
+    return out
+
+
+def _one(rows, **key):
+    hits = [r for r in rows if all(r[k] == v for k, v in key.items())]
+    assert len(hits) == 1, (key, hits)
+    return hits[0]
+
+
+# ----------------------------------------------------------------------------- conversion
+def test_config_rows_values_and_ratios_to_the_same_precision_baseline():
+    rows = gr.config_rows(config_report(), amp_dtype="bfloat16")
+    assert len(rows) == 8
+    aa32 = _one(rows, config="aa_retinanet_R_50_FPN_scratch_150ep", precision="fp32")
+    assert aa32["train_ms"] == pytest.approx(210.0) and aa32["infer_ms"] == pytest.approx(121.0)
+    assert aa32["train_peak_mib"] == pytest.approx(1100.0)
+    assert aa32["train_ms_ratio"] == pytest.approx(1.05)
+    assert aa32["infer_ms_ratio"] == pytest.approx(1.21)
+    assert aa32["train_peak_mib_ratio"] == pytest.approx(1.10)
+    aa16 = _one(rows, config="aa_retinanet_R_50_FPN_scratch_150ep", precision="bf16")
+    # bf16 ratios use the bf16 baseline (0.100 s), not the fp32 one (0.200 s)
+    assert aa16["train_ms_ratio"] == pytest.approx(1.20)
+    assert aa16["train_peak_mib_ratio"] == pytest.approx(1.15)
+    base = _one(rows, config="retinanet_R_50_FPN_scratch_150ep", precision="bf16")
+    assert base["train_ms_ratio"] == base["infer_ms_ratio"] == pytest.approx(1.0)
+    full = _one(rows, config="sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep", precision="bf16")
+    assert full["train_ms"] is None and full["train_ms_ratio"] is None and "out of memory" in full["error"]
+
+
+def test_amp_dtype_comes_from_the_json_first_and_is_required():
+    rows = gr.config_rows(config_report(amp_dtype="float16"), amp_dtype="bfloat16")
+    assert {r["precision"] for r in rows} == {"fp32", "fp16"}
+    with pytest.raises(ValueError, match="amp_dtype"):
+        gr.config_rows(config_report())  # AMP results whose dtype nobody states
+    with pytest.raises(ValueError, match="unknown amp_dtype"):
+        gr.precision_name(True, "int8")
+
+
+def test_layer_rows_ratios_to_the_3x3_conv():
+    rows = gr.layer_rows(layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB))
+    assert [r["layer"] for r in rows] == ["sasa_neighborhood_80", "sasa_fused_80", "sasa_unfold_80",
+                                          "sasa_conv3x3_80"]
+    fused = _one(rows, impl="fused")
+    assert fused["precision"] == "fp32" and fused["side"] == 80 and fused["channels"] == 256
+    assert fused["train_ms"] == pytest.approx(5.0) and fused["train_peak_mib"] == pytest.approx(150.0)
+    assert fused["train_ms_ratio"] == pytest.approx(2.5) and fused["train_peak_mib_ratio"] == pytest.approx(1.5)
+    assert _one(rows, impl="conv3x3")["train_ms_ratio"] == 1.0
+    assert gr.layer_rows(layer_report(True, 0.001, 0.0015, 50, 60))[0]["precision"] == "bf16"
+
+
+def test_benchmarks_cuda_schema_and_target_verdicts():
+    bench = gr.benchmarks_cuda(
+        [config_report()],
+        [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB), layer_report(True, 0.001, 0.0015, 50, 60)],
+        amp_dtype="bfloat16",
+    )
+    assert bench["schema"] == gr.SCHEMA_VERSION and bench["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert bench["size"] == [640, 640] and bench["batch"] == 8 and bench["layer_batch"] == 8
+    assert bench["baseline"] == "retinanet_R_50_FPN_scratch_150ep"
+    for row in bench["configs"]:
+        assert {"train_ms", "infer_ms", "train_peak_mib", "train_ms_ratio", "infer_ms_ratio",
+                "train_peak_mib_ratio"} <= set(row)
+    t = {(v["target"], v["subject"], v["precision"]): v for v in bench["targets"]}
+    aa = "aa_retinanet_R_50_FPN_scratch_150ep"
+    assert t[("AA-R50 RetinaNet train time", aa, "fp32")]["status"] == "pass"
+    miss = t[("AA-R50 RetinaNet inference time", aa, "fp32")]
+    assert miss["status"] == "miss" and miss["value"] == pytest.approx(1.21)
+    assert miss["excess"] == pytest.approx(0.11) and miss["excess_pct"] == pytest.approx(10.0)
+    assert t[("AA-R50 RetinaNet train time", aa, "bf16")]["status"] == "miss"
+    assert t[("AA-R50 RetinaNet train memory", aa, "bf16")]["status"] == "pass"  # 1.15 <= 1.15
+    sasa = t[("SASA attention-backbone RetinaNet train time", "sasa_convstem_retinanet_R_50_FPN_scratch_150ep",
+              "bf16")]
+    assert sasa["status"] == "pass" and sasa["value"] == pytest.approx(1.5)
+    full = "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"
+    oom = t[("SASA all-attention RetinaNet train time", full, "bf16")]
+    assert oom["status"] == "missing" and "out of memory" in oom["note"]
+    # layers: every route of the SASA layer at 80x80 gets its verdict, the 3x3 conv itself none
+    layer_time = {k[1]: v for k, v in t.items() if k[0].endswith("fwd+bwd time vs 3x3 conv") and k[2] == "fp32"}
+    assert set(layer_time) == {"sasa_neighborhood_80", "sasa_fused_80", "sasa_unfold_80"}
+    assert layer_time["sasa_fused_80"]["status"] == "miss"
+    assert layer_time["sasa_fused_80"]["excess_pct"] == pytest.approx(25.0)
+    bf16_mem = t[("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd memory vs 3x3 conv", "sasa_fused_80", "bf16")]
+    assert bf16_mem["status"] == "pass" and bf16_mem["value"] == pytest.approx(1.2)
+    json.dumps(bench)  # machine-readable as is
+    md = gr.render_benchmarks_markdown(bench)
+    assert "NVIDIA H100 80GB HBM3" in md and "**miss** by 0.11 (+10%)" in md and "not measured" in md
+
+
+def test_all_attention_fp32_ratio_is_the_measured_one():
+    rows = gr.config_rows(config_report(), amp_dtype="bfloat16")
+    full = _one(rows, config="sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep", precision="fp32")
+    assert full["train_ms_ratio"] == pytest.approx(2.5)
+    verdicts = gr.evaluate_targets(rows, [])
+    v = _one(verdicts, target="SASA all-attention RetinaNet train time", precision="fp32")
+    assert v["status"] == "miss" and v["excess"] == pytest.approx(0.5) and v["excess_pct"] == pytest.approx(25.0)
+
+
+def test_a_target_without_its_subject_is_missing_not_passed():
+    rows = [r for r in gr.config_rows(config_report(), amp_dtype="bfloat16") if not r["config"].startswith("aa_")]
+    verdicts = gr.evaluate_targets(rows, [])
+    aa = [v for v in verdicts if v["target"].startswith("AA-R50")]
+    assert len(aa) == 6 and all(v["status"] == "missing" and v["note"] == "not measured" for v in aa)
+
+
+def test_reports_of_different_devices_or_sizes_are_refused():
+    other = config_report()
+    other["env"] = dict(ENV, device_name="NVIDIA A100")
+    with pytest.raises(ValueError, match="different devices"):
+        gr.benchmarks_cuda([config_report(), other], amp_dtype="bfloat16")
+    with pytest.raises(ValueError, match="differ in size"):
+        gr.benchmarks_cuda([config_report(), dict(config_report(), size=[320, 320])], amp_dtype="bfloat16")
+    with pytest.raises(ValueError, match="at least one"):
+        gr.benchmarks_cuda([], [])
+
+
+def test_benchmark_configs_and_targets_name_real_configs():
+    for path in gr.BENCHMARK_CONFIGS:
+        assert os.path.isfile(os.path.join(REPO, path)), path
+    names = {gr.config_name(p) for p in gr.BENCHMARK_CONFIGS}
+    for t in gr.TARGETS:
+        assert t.section in ("configs", "layers")
+        if t.section == "configs":
+            assert t.subject in names, t
+    assert gr.config_name(gr.BASELINE_CONFIG) not in {t.subject for t in gr.TARGETS}
+
+
+# ----------------------------------------------------------------------------- junit and merge
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
+ skipped="1" tests="5" time="12.5"><testcase classname="tests.test_cuda" name="test_a[fp32]" time="1"/>
+<testcase classname="tests.test_cuda" name="test_a[bf16]" time="1"><failure message="AssertionError: err 0.3 &gt; 0.05">
+trace</failure></testcase><testcase classname="tests.test_cuda" name="test_b" time="1"/>
+<testcase classname="tests.test_cuda" name="test_c" time="0"><skipped message="needs CUDA"/></testcase>
+<testcase classname="tests.test_cuda" name="test_d" time="0"><error message="fixture 'x' not found"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_parse_junit_counts_and_messages():
+    j = gr.parse_junit(JUNIT)
+    assert (j["tests"], j["passed"], j["failed"], j["errors"], j["skipped"]) == (5, 2, 1, 1, 1)
+    assert j["time_s"] == pytest.approx(12.5)
+    assert j["failures"] == [
+        {"test": "tests.test_cuda::test_a[bf16]", "kind": "failed", "message": "AssertionError: err 0.3 > 0.05"},
+        {"test": "tests.test_cuda::test_d", "kind": "errors", "message": "fixture 'x' not found"},
+    ]
+    assert j["skipped_reasons"] == {"needs CUDA": 1}
+
+
+def test_merge_stage_results_status_and_markdown():
+    env = dict(ENV, triton="3.6.0", driver="580.159.04, 81559 MiB")
+    tests = {"status": "failed", "junit": gr.parse_junit(JUNIT), "env": env, "elapsed_s": 20, "budget_s": 300}
+    merged = gr.merge_stage_results({"tests": tests})
+    assert merged["status"] == "failed" and merged["stages"]["demo"] == {"status": "not run"}
+    assert merged["env"]["triton"] == "3.6.0"
+    md = gr.render_report_markdown(merged)
+    assert "# aadet GPU check: failed" in md and "NVIDIA H100 80GB HBM3" in md and "580.159.04" in md
+    assert "failed: `tests.test_cuda::test_a[bf16]`: AssertionError: err 0.3 > 0.05" in md
+    assert gr.merge_stage_results({"tests": dict(tests, status="ok")})["status"] == "incomplete"
+    everything = {name: {"status": "ok"} for name in gr.STAGES}
+    assert gr.merge_stage_results(everything)["status"] == "ok"
+    with pytest.raises(ValueError, match="unknown stage"):
+        gr.merge_stage_results({"lint": {"status": "ok"}})
+
+
+# ----------------------------------------------------------------------------- the tool
+TINY = """_BASE_: "{base}"
+MODEL:
+  RESNETS:
+    DEPTH: 18
+    RES2_OUT_CHANNELS: 64
+    NORM: "GN"
+  FPN:
+    OUT_CHANNELS: 32
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    """``tools/gpu_check.py`` as a module (its ``main`` runs in this process; stage workers and
+    tools still run in subprocesses)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "tools", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    demo = os.path.join(REPO, "configs", "Demo")
+    bad = tmp_path / "bad.yaml"  # fails validation when built: SASA's kernel must be odd
+    bad.write_text(f'_BASE_: "{demo}/trees_SASA_R_26_slim_FPN.yaml"\nMODEL:\n  SASA:\n    KERNEL_SIZE: 4\n')
+    tiny = tmp_path / "tiny_R_18.yaml"
+    tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_50_slim_FPN.yaml")))
+    out = tmp_path / "report"
+    rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--configs", str(bad), str(tiny),
+                         "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out)])
+    assert rc == 1  # the report says failed (the bad config) ...
+    stage = json.loads((out / "stage_configs.json").read_text())
+    assert stage["status"] == "failed" and stage["iters"] == 2 and stage["env"]["device"] == "cpu"
+    assert [(r["config"], r["precision"], r["status"]) for r in stage["results"]] == [
+        ("bad", "fp32", "failed"), ("bad", "bf16", "failed"), ("tiny_R_18", "fp32", "ok"), ("tiny_R_18", "bf16", "ok")]
+    assert all("MODEL.SASA.KERNEL_SIZE" in r["error"] for r in stage["results"][:2])
+    for r in stage["results"][2:]:  # ... and the config after it was still trained
+        assert len(r["losses"]) == 2, r
+        assert all(0.1 < loss < 10 for loss in r["losses"])  # focal + box loss of an untrained RetinaNet
+        assert r["params_without_grad"] == [] and r["params"] > 1_000_000 and r["peak_mib"] > 0
+    # fp32 and bf16 start from the same weights and batch: the first losses agree to bf16 precision
+    fp32, bf16 = stage["results"][2:]
+    assert fp32["first_loss"] != bf16["first_loss"]
+    assert abs(fp32["first_loss"] - bf16["first_loss"]) < 0.05 * fp32["first_loss"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["stages"]["tests"] == {"status": "not run"}
+    md = (out / "report.md").read_text()
+    assert "| `tiny_R_18` | bf16 | ok |" in md and "| `bad` | fp32 | failed |" in md
+
+
+def test_without_cuda_the_tool_says_so(gpu_check, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match="needs a CUDA machine.*--device cpu --stages configs"):
+        gpu_check.main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"stages \['tests'\] need CUDA"):
+        gpu_check.main(["--device", "cpu", "--stages", "tests", "configs", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="STAGE=SECONDS"):
+        gpu_check.main(["--device", "cpu", "--stages", "configs", "--budget", "lint=3", "--out", str(tmp_path)])
+
+
+def test_report_only_merges_stage_files_of_separate_runs(gpu_check, tmp_path):
+    env = dict(ENV, triton="3.6.0")
+    (tmp_path / "stage_tests.json").write_text(json.dumps(
+        {"status": "ok", "junit": gr.parse_junit(JUNIT.replace('errors="1"', 'errors="0"')), "env": env}))
+    bench = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
+    (tmp_path / "stage_benchmarks.json").write_text(json.dumps({"status": "ok", "benchmarks": bench, "env": env}))
+    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "incomplete"  # configs and demo not run yet
+    assert report["stages"]["benchmarks"]["benchmarks"]["device_name"] == ENV["device_name"]
+    md = (tmp_path / "report.md").read_text()
+    assert "## benchmarks: ok" in md and "## configs: not run" in md and "AA-R50 RetinaNet train time" in md

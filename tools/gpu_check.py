@@ -1,0 +1,473 @@
+#!/usr/bin/env python
+"""One command on a CUDA machine that checks aadet there and writes ONE report.
+
+    make gpu-check                                   # every stage, full size
+    python tools/gpu_check.py --stages tests configs # some stages (e.g. one machine call each)
+    python tools/gpu_check.py --quick                # smoke run: tiny sizes, few iterations
+    python tools/gpu_check.py --report-only --out DIR  # merge stage_*.json of separate runs
+
+Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time budget,
+``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
+
+1. ``tests``: ``pytest -m cuda`` (``tests/test_cuda.py``: every attention route in fp32 and
+   under bf16 / fp16 autocast against the float64 brute force on the GPU); its junit XML is
+   parsed into the report.
+2. ``configs``: every config under ``configs/`` built on the device and trained ``--iters``
+   iterations in fp32 and in bf16 autocast on a synthetic batch (``--size``, ``--batch``), with
+   the config's optimizer and LR schedule: every loss and gradient finite, peak memory recorded.
+   One process per config (an error or OOM in one does not touch the others).
+3. ``demo``: the demo data (``tools/prepare_demo_data.py``, the deepforest wheel taken from
+   ``--wheelhouse`` on a machine without a package index) and a short real training of the four
+   demo configs with ``tools/train_net.py`` (``--demo-epochs``), their COCO AP on ``trees_val``.
+4. ``benchmarks``: ``tools/benchmark.py`` on the conv R50 baseline, AA-R50, SASA-backbone R50
+   and all-attention R50 COCO configs (640x640, batch 8, fp32 and bf16 autocast) and
+   ``tools/benchmark_layers.py`` (SASA layer, 256 ch, k 7, vs a 3x3 conv) -> ``--bench-json``
+   (default ``docs/benchmarks_cuda.json``) with issue 10's targets, pass or missed by how much.
+
+Every stage writes ``<out>/stage_<name>.json``; after the stages run, every ``stage_*.json`` in
+``<out>`` is merged into ``<out>/report.json`` and ``<out>/report.md`` (device name, torch,
+Triton, CUDA and driver versions first). So stages can run in separate calls of a machine lent
+for 10 minutes a command: collect their ``stage_*.json`` in one folder, then ``--report-only``.
+
+``--device cpu`` is a dry run of the ``configs`` stage on a machine without CUDA (what the CPU
+unit test runs); every other stage needs CUDA and says so.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+from aadet.analysis import gpu_report  # noqa: E402
+from aadet.analysis.timing import environment_info, run_worker, write_json  # noqa: E402
+
+#: Default time budget of each stage in seconds (a lent machine runs a command 10 minutes).
+DEFAULT_BUDGET_S = {"tests": 300, "configs": 300, "demo": 540, "benchmarks": 560}
+DEMO_CONFIGS = (
+    "configs/Demo/trees_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_AA_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
+    "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
+)
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ----------------------------------------------------------------------------- environment
+def gpu_environment(device: str) -> dict:
+    """Device name, torch / Triton / CUDA / driver / Detectron2 versions."""
+    env = environment_info(device)
+    env["cuda"] = torch.version.cuda  # the CUDA torch was built with (None: a CPU build)
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        import detectron2
+
+        env["detectron2"] = f"{detectron2.__version__} ({os.path.dirname(detectron2.__file__)})"
+    except ImportError:
+        env["detectron2"] = None
+    env["driver"] = None
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        env["driver"] = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else None
+    return env
+
+
+def _run(cmd, timeout, log_path=None, env=None):
+    """``subprocess.run`` with a timeout; returns ``(returncode or "timeout", output tail)``."""
+    try:
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(1.0, timeout),
+                           env=dict(os.environ, **(env or {})))
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, rc = out + f"\n[gpu_check] timed out after {timeout:.0f} s: {' '.join(cmd)}", "timeout"
+    if log_path:
+        with open(log_path, "w") as f:
+            f.write(out)
+    return rc, out[-3000:]
+
+
+class Budget:
+    """Seconds left of a stage's budget."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+# ----------------------------------------------------------------------------- stage: tests
+def stage_tests(args, budget: Budget) -> dict:
+    junit = os.path.join(args.work_dir, "junit_cuda.xml")
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           *(["-x"] if args.quick else []), "tests"]
+    rc, tail = _run(cmd, budget.left(), os.path.join(args.work_dir, "pytest_cuda.log"))
+    if not os.path.isfile(junit):
+        return {"status": "failed", "error": f"pytest wrote no junit XML (exit {rc})", "log_tail": tail}
+    with open(junit) as f:
+        j = gpu_report.parse_junit(f.read())
+    ok = rc == 0 and j["tests"] > 0 and j["failed"] == j["errors"] == 0 and j["passed"] > 0
+    out = {"status": "ok" if ok else "failed", "exit": rc, "junit": j}
+    if not ok:
+        out["log_tail"] = tail
+        if rc == 5 or j["passed"] == 0:
+            out["error"] = "no CUDA test ran (all skipped or none collected)"
+    return out
+
+
+# ----------------------------------------------------------------------------- stage: configs
+def all_configs():
+    """Every config under configs/ except the ``Base-*`` files, relative to the repository."""
+    paths = glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)
+    return sorted(os.path.relpath(p, REPO) for p in paths if not os.path.basename(p).startswith("Base-"))
+
+
+def synthetic_inputs(batch: int, size: int, num_classes: int, seed: int, device):
+    """Detectron2 training inputs: ``tools/benchmark.py``'s random images and boxes."""
+    from benchmark import make_batch  # tools/benchmark.py, beside this script
+    from detectron2.structures import Boxes, Instances
+
+    data = make_batch(batch, size, size, seed)
+    out = []
+    for img, boxes, classes in zip(data["images"], data["boxes"], data["classes"]):
+        inst = Instances((size, size))
+        inst.gt_boxes = Boxes(boxes.to(device))
+        inst.gt_classes = (classes % num_classes).to(device)
+        out.append({"image": img.to(device), "height": size, "width": size, "instances": inst})
+    return out
+
+
+def train_config_worker(spec: dict) -> dict:
+    """Build ``spec["config"]`` on ``spec["device"]`` and train ``spec["iters"]`` iterations per
+    precision (runs in a fresh process). One result row per precision."""
+    from detectron2.modeling import build_model
+    from detectron2.utils.events import EventStorage
+
+    import aadet  # noqa: F401
+    from aadet.analysis.timing import PeakMemory, synchronize
+    from aadet.engine import Trainer, load_config
+
+    device = torch.device(spec["device"])
+    cfg = load_config(os.path.join(REPO, spec["config"]), ["MODEL.DEVICE", str(device)])
+    rows = []
+    for precision in spec["precisions"]:
+        row = {"config": gpu_report.config_name(spec["config"]), "precision": precision}
+        try:
+            torch.manual_seed(spec["seed"])
+            model = build_model(cfg)
+            model.train()
+            opt = Trainer.build_optimizer(cfg, model)
+            sched = Trainer.build_lr_scheduler(cfg, opt)
+            inputs = synthetic_inputs(spec["batch"], spec["size"], cfg.MODEL.RETINANET.NUM_CLASSES,
+                                      spec["seed"], device)
+            dtype = PRECISION_DTYPES[precision]
+            losses, times = [], []
+            with EventStorage(0), PeakMemory(device) as mem:
+                for it in range(spec["iters"]):
+                    t0 = time.perf_counter()
+                    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                        loss_dict = model(inputs)
+                    loss = sum(loss_dict.values())
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"iteration {it}: loss is not finite: "
+                                                 f"{ {k: float(v) for k, v in loss_dict.items()} }")
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    bad = [n for n, p in model.named_parameters() if p.grad is not None
+                           and not torch.isfinite(p.grad).all()]
+                    if bad:
+                        raise FloatingPointError(f"iteration {it}: non-finite gradients in {bad[:5]}")
+                    opt.step()
+                    sched.step()
+                    synchronize(device)
+                    times.append(time.perf_counter() - t0)
+                    losses.append(float(loss))
+            unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+            row.update(
+                status="ok", first_loss=losses[0], last_loss=losses[-1], losses=losses,
+                peak_mib=mem.peak_abs_bytes / 2**20,
+                step_ms=1e3 * sorted(times)[len(times) // 2],  # median; the first includes warm-up
+                params=sum(p.numel() for p in model.parameters()), params_without_grad=unused[:10],
+            )
+        except Exception as e:  # noqa: BLE001  (reported per config and precision)
+            row.update(status="failed", error=f"{type(e).__name__}: {e}"[:500])
+        finally:
+            model = opt = inputs = None  # free before the next precision
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return {"rows": rows}
+
+
+def stage_configs(args, budget: Budget) -> dict:
+    configs = args.configs or all_configs()
+    results, spec_dir = [], os.path.join(args.work_dir, "specs")
+    os.makedirs(spec_dir, exist_ok=True)
+    for i, config in enumerate(configs):
+        if budget.left() <= 5:
+            results += [{"config": gpu_report.config_name(config), "precision": p, "status": "skipped",
+                         "error": "stage budget spent"} for p in args.precisions]
+            continue
+        spec = dict(config=config, device=args.device, precisions=args.precisions, iters=args.iters,
+                    batch=args.batch, size=args.size, seed=0)
+        spec_file = os.path.join(spec_dir, f"config_{i}.json")
+        write_json(spec_file, spec)
+        print(f"[gpu_check] configs: {config}", file=sys.stderr, flush=True)
+        try:
+            results += run_worker([os.path.abspath(__file__), "--worker-config", spec_file],
+                                  timeout=max(1.0, budget.left()))["rows"]
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            why = "timed out (stage budget)" if isinstance(e, subprocess.TimeoutExpired) else str(e)[-400:]
+            results += [{"config": gpu_report.config_name(config), "precision": p, "status": "failed",
+                         "error": why} for p in args.precisions]
+    ok = bool(results) and all(r["status"] == "ok" for r in results)
+    return {"status": "ok" if ok else "failed", "size": args.size, "batch": args.batch, "iters": args.iters,
+            "results": results}
+
+
+# ----------------------------------------------------------------------------- stage: demo
+def _read_metrics(out_dir: str) -> dict:
+    path = os.path.join(out_dir, "metrics.json")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    evals = [r for r in rows if "bbox/AP" in r]
+    losses = [r["total_loss"] for r in rows if "total_loss" in r]
+    if not evals:
+        raise RuntimeError(f"{path} has no bbox/AP row (no evaluation ran)")
+    last = evals[-1]
+    return {"AP": last["bbox/AP"], "AP50": last["bbox/AP50"], "AP75": last.get("bbox/AP75"),
+            "iters": max((r.get("iteration", 0) for r in rows), default=0) + 1,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+
+
+def stage_demo(args, budget: Budget) -> dict:
+    root = os.path.abspath(args.data_root)
+    env = {"AADET_DATASETS": root, "DETECTRON2_DATASETS": root, "PYTHONPATH": REPO}
+    prep = [sys.executable, "tools/prepare_demo_data.py", "--root", root]
+    if args.wheelhouse:
+        prep += ["--wheelhouse", args.wheelhouse]
+    rc, tail = _run(prep, budget.left(), os.path.join(args.work_dir, "prepare_demo_data.log"), env)
+    if rc != 0:
+        return {"status": "failed", "error": f"demo data preparation failed (exit {rc})", "log_tail": tail}
+    epochs = args.demo_epochs
+    schedule = ["SOLVER.EPOCHS", str(epochs), "SOLVER.STEPS_EPOCHS", f"({int(epochs * 0.75)}, {int(epochs * 0.9)})",
+                "SOLVER.WARMUP_ITERS", str(min(50, 4 * epochs)), "SOLVER.CHECKPOINT_PERIOD", "100000"]
+    results = []
+    for i, config in enumerate(DEMO_CONFIGS):
+        name = gpu_report.config_name(config)
+        if budget.left() <= 10:
+            results.append({"config": name, "status": "skipped", "error": "stage budget spent"})
+            continue
+        out_dir = os.path.join(args.work_dir, "demo", name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        cmd = [sys.executable, "tools/train_net.py", "--config-file", config, "--num-gpus", "1",
+               "OUTPUT_DIR", out_dir, "MODEL.DEVICE", args.device, *schedule]
+        print(f"[gpu_check] demo: {config} ({epochs} epochs)", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        # Each run may take what is left, shared fairly with the runs after it.
+        rc, tail = _run(cmd, budget.left() / (len(DEMO_CONFIGS) - i) * 1.5, os.path.join(args.work_dir, f"demo_{name}.log"), env)
+        row = {"config": name, "epochs": epochs, "elapsed_s": time.monotonic() - t0}
+        try:
+            if rc != 0:
+                raise RuntimeError(f"train_net exit {rc}: {tail.strip()[-300:]}")
+            row.update(_read_metrics(out_dir), status="ok")
+        except (OSError, RuntimeError, ValueError) as e:
+            row.update(status="failed", error=str(e)[:500])
+        results.append(row)
+    ok = all(r["status"] == "ok" for r in results)
+    return {"status": "ok" if ok else "failed", "epochs": epochs, "results": results}
+
+
+# ----------------------------------------------------------------------------- stage: benchmarks
+def _supports(tool: str, flag: str) -> bool:
+    rc, out = _run([sys.executable, tool, "--help"], 120)
+    return rc == 0 and flag in out
+
+
+def stage_benchmarks(args, budget: Budget) -> dict:
+    q = args.quick
+    size, batch = (256, 2) if q else (640, 8)
+    warmup, iters = (1, 3) if q else (args.bench_warmup, args.bench_iters)
+    notes = []
+    bf16 = _supports("tools/benchmark.py", "--amp-dtype") and _supports("tools/benchmark_layers.py", "--amp-dtype")
+    if not bf16:
+        notes.append("tools/benchmark*.py have no --amp-dtype: measured fp32 only (merge the --amp-dtype change)")
+    cfg_json = os.path.join(args.work_dir, "bench_configs.json")
+    cmd = ["tools/benchmark.py", "--configs", *gpu_report.BENCHMARK_CONFIGS, "--device", args.device,
+           "--size", str(size), "--batch", str(batch), "--warmup", str(warmup), "--iters", str(iters),
+           "--output-json", cfg_json, "--output-md", cfg_json[:-5] + ".md"]
+    cmd += ["--amp", "both", "--amp-dtype", "bfloat16"] if bf16 else ["--amp", "off"]
+    print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    layer_budget = 0.3 * budget.left()
+    rc, tail = _run([sys.executable, *cmd], budget.left() - layer_budget, os.path.join(args.work_dir, "bench_configs.log"))
+    config_reports, errors = [], []
+    if rc == 0 and os.path.isfile(cfg_json):
+        with open(cfg_json) as f:
+            config_reports.append(json.load(f))
+    else:
+        errors.append(f"tools/benchmark.py exit {rc}: {tail.strip()[-300:]}")
+    layer_reports = []
+    for amp in ([False, True] if bf16 else [False]):
+        out = os.path.join(args.work_dir, f"bench_layers_{'bf16' if amp else 'fp32'}.json")
+        cmd = ["tools/benchmark_layers.py", "--suite", "sasa", "--device", args.device, "--batch", str(batch),
+               "--sizes", *(str(s) for s in args.layer_sizes), "--warmup", str(warmup), "--iters", str(iters),
+               "--output-json", out, "--output-md", out[:-5] + ".md"]
+        cmd += ["--amp", "--amp-dtype", "bfloat16"] if amp else []
+        print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
+        if rc == 0 and os.path.isfile(out):
+            with open(out) as f:
+                layer_reports.append(json.load(f))
+        else:
+            errors.append(f"tools/benchmark_layers.py exit {rc}: {tail.strip()[-300:]}")
+    if not config_reports and not layer_reports:
+        return {"status": "failed", "error": "; ".join(errors), "notes": notes}
+    bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, amp_dtype="bfloat16")
+    bench["quick"] = q
+    if not q:  # only the issue's sizes go to docs/
+        write_json(args.bench_json, bench)
+        notes.append(f"wrote {args.bench_json}")
+    write_json(os.path.join(args.out, "benchmarks_cuda.json"), bench)
+    with open(os.path.join(args.work_dir, "benchmarks_cuda.md"), "w") as f:
+        f.write(gpu_report.render_benchmarks_markdown(bench))
+    missing = [t for t in bench["targets"] if t["status"] == "missing"]
+    # Missed targets are results, not failures of the check; unmeasured ones are failures.
+    status = "ok" if not errors and not missing else "failed"
+    out = {"status": status, "benchmarks": bench, "notes": notes}
+    if errors:
+        out["error"] = "; ".join(errors)
+    return out
+
+
+STAGE_FUNCTIONS = {"tests": stage_tests, "configs": stage_configs, "demo": stage_demo,
+                   "benchmarks": stage_benchmarks}
+assert tuple(STAGE_FUNCTIONS) == tuple(gpu_report.STAGES)
+
+
+# ----------------------------------------------------------------------------- main
+def _budgets(items):
+    budgets = dict(DEFAULT_BUDGET_S)
+    for item in items or ():
+        name, _, sec = item.partition("=")
+        if name not in budgets or not sec:
+            raise SystemExit(f"--budget takes STAGE=SECONDS with STAGE in {list(budgets)}; got {item!r}")
+        try:
+            budgets[name] = float(sec)
+        except ValueError:
+            raise SystemExit(f"--budget {item!r}: SECONDS must be a number") from None
+    return budgets
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stages", nargs="+", default=list(gpu_report.STAGES), choices=list(gpu_report.STAGES),
+                   help="stages to run, in this order (default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: configs 2 iters at 128 px, demo 2 epochs, benchmarks 256 px batch 2")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (dry run of the configs stage)")
+    p.add_argument("--out", default="output/gpu_check", help="report folder (stage_*.json, report.md/json)")
+    p.add_argument("--work-dir", default=None, help="logs, junit, training outputs (default: OUT/work)")
+    p.add_argument("--report-only", action="store_true", help="only merge OUT/stage_*.json into the report")
+    p.add_argument("--budget", nargs="+", metavar="STAGE=SECONDS",
+                   help=f"time budget per stage (default {DEFAULT_BUDGET_S})")
+    p.add_argument("--configs", nargs="+", metavar="FILE", help="configs stage: these configs (default: all)")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(PRECISION_DTYPES),
+                   help="configs stage: precisions (default fp32 bf16)")
+    p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 3; quick 2)")
+    p.add_argument("--size", type=int, default=None, help="configs stage: image side (default 256; quick 128)")
+    p.add_argument("--batch", type=int, default=2, help="configs stage: images per iteration (default 2)")
+    p.add_argument("--demo-epochs", type=int, default=None, help="demo stage: epochs (default 30; quick 2)")
+    p.add_argument("--data-root", default=os.environ.get("AADET_DATASETS", "datasets"),
+                   help="demo stage: data root (default $AADET_DATASETS or ./datasets)")
+    p.add_argument("--wheelhouse", default=os.environ.get("AADET_WHEELHOUSE"),
+                   help="demo stage: folder holding the deepforest wheel (default $AADET_WHEELHOUSE)")
+    p.add_argument("--bench-iters", type=int, default=20, help="benchmarks: timed iterations (default 20)")
+    p.add_argument("--bench-warmup", type=int, default=5, help="benchmarks: warm-up iterations (default 5)")
+    p.add_argument("--layer-sizes", type=int, nargs="+", default=[80], help="benchmarks: layer map sides (80)")
+    p.add_argument("--bench-json", default=os.path.join(REPO, "docs", "benchmarks_cuda.json"),
+                   help="benchmarks: where the benchmark JSON goes (default docs/benchmarks_cuda.json)")
+    p.add_argument("--worker-config", metavar="SPEC", help=argparse.SUPPRESS)
+    return p
+
+
+def write_merged_report(out_dir: str) -> dict:
+    stages = {}
+    for name in gpu_report.STAGES:
+        path = os.path.join(out_dir, f"stage_{name}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                stages[name] = json.load(f)
+    report = gpu_report.merge_stage_results(stages)
+    write_json(os.path.join(out_dir, "report.json"), report)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(gpu_report.render_report_markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker_config:
+        with open(args.worker_config) as f:
+            print(json.dumps(train_config_worker(json.load(f))))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    if args.report_only:
+        report = write_merged_report(args.out)
+        print(f"[gpu_check] {report['status']}: {os.path.join(args.out, 'report.md')}")
+        return 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"gpu_check needs a CUDA machine: torch {torch.__version__} (CUDA build "
+                         f"{torch.version.cuda}) sees no CUDA device. For a CPU dry run of the configs "
+                         "stage: --device cpu --stages configs")
+    if device.type != "cuda" and set(args.stages) != {"configs"}:
+        raise SystemExit(f"--device {args.device}: only the configs stage has a CPU dry run; "
+                         f"stages {sorted(set(args.stages) - {'configs'})} need CUDA")
+    args.work_dir = args.work_dir or os.path.join(args.out, "work")
+    os.makedirs(args.work_dir, exist_ok=True)
+    args.iters = args.iters or (2 if args.quick else 3)
+    args.size = args.size or (128 if args.quick else 256)
+    args.demo_epochs = args.demo_epochs or (2 if args.quick else 30)
+    if min(args.iters, args.size, args.batch, args.demo_epochs) < 1:
+        raise SystemExit("--iters, --size, --batch and --demo-epochs must be >= 1")
+    budgets = _budgets(args.budget)
+    env = gpu_environment(args.device)
+    for name in gpu_report.STAGES:
+        if name not in args.stages:
+            continue
+        budget = Budget(budgets[name])
+        print(f"[gpu_check] stage {name} (budget {budgets[name]:.0f} s)", file=sys.stderr, flush=True)
+        try:
+            result = STAGE_FUNCTIONS[name](args, budget)
+        except Exception as e:  # noqa: BLE001  (the next stage still runs; the report says why)
+            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:1000]}
+        result.update(env=env, elapsed_s=budget.elapsed(), budget_s=budgets[name], quick=args.quick)
+        write_json(os.path.join(args.out, f"stage_{name}.json"), result)
+        print(f"[gpu_check] stage {name}: {result['status']} ({budget.elapsed():.0f} s)", file=sys.stderr, flush=True)
+    report = write_merged_report(args.out)
+    print(f"[gpu_check] {report['status']}: {os.path.join(args.out, 'report.md')}")
+    return 0 if report["status"] in ("ok", "incomplete") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
