@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo test docs clean-demo
+.PHONY: setup data demo test docs clean-demo gpu-check
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -31,6 +31,15 @@ test: setup
 docs: setup
 	$(PY) tools/analyze_model.py --all --markdown > docs/model_table.md
 	$(PY) tools/update_readme_table.py
+
+# On a CUDA machine, one report (output/gpu_check/report.md + report.json): pytest -m cuda, every
+# config trained a few iterations in fp32 and bf16, a short demo training with AP, the 640x640
+# benchmarks (-> docs/benchmarks_cuda.json). No package index there: AADET_WHEELHOUSE=DIR
+# AADET_SYSTEM_SITE=1 make gpu-check (DIR from tools/make_wheelhouse.sh; keeps the machine's torch).
+# Pick stages / a smoke run: make gpu-check GPU_CHECK_ARGS="--stages tests configs --quick".
+GPU_CHECK_ARGS ?=
+gpu-check: setup
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_OUT)

@@ -236,6 +236,7 @@ def gpu_check():
 
 def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_check, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() prepends the checkout
     demo = os.path.join(REPO, "configs", "Demo")
     bad = tmp_path / "bad.yaml"  # fails validation when built: SASA's kernel must be odd
     bad.write_text(f'_BASE_: "{demo}/trees_SASA_R_26_slim_FPN.yaml"\nMODEL:\n  SASA:\n    KERNEL_SIZE: 4\n')

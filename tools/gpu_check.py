@@ -45,7 +45,6 @@ import warnings
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
@@ -262,7 +261,7 @@ def _read_metrics(out_dir: str) -> dict:
 
 def stage_demo(args, budget: Budget) -> dict:
     root = os.path.abspath(args.data_root)
-    env = {"AADET_DATASETS": root, "DETECTRON2_DATASETS": root, "PYTHONPATH": REPO}
+    env = {"AADET_DATASETS": root, "DETECTRON2_DATASETS": root}
     prep = [sys.executable, "tools/prepare_demo_data.py", "--root", root]
     if args.wheelhouse:
         prep += ["--wheelhouse", args.wheelhouse]
@@ -443,6 +442,8 @@ def main(argv=None) -> int:
     if device.type != "cuda" and set(args.stages) != {"configs"}:
         raise SystemExit(f"--device {args.device}: only the configs stage has a CPU dry run; "
                          f"stages {sorted(set(args.stages) - {'configs'})} need CUDA")
+    # Every tool, test and worker started from here imports this checkout's aadet.
+    os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
     args.work_dir = args.work_dir or os.path.join(args.out, "work")
     os.makedirs(args.work_dir, exist_ok=True)
     args.iters = args.iters or (2 if args.quick else 3)

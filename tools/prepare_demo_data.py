@@ -38,9 +38,20 @@ def main(argv=None) -> int:
         help=f"use this local {demo_trees.WHEEL_NAME} instead of downloading it",
     )
     parser.add_argument(
+        "--wheelhouse",
+        default=None,
+        metavar="DIR",
+        help=f"take {demo_trees.WHEEL_NAME} from this folder of wheels (no package index needed; "
+        "tools/make_wheelhouse.sh puts it there)",
+    )
+    parser.add_argument(
         "--force", action="store_true", help="rebuild even if the dataset is complete"
     )
     args = parser.parse_args(argv)
+    if args.wheelhouse and args.wheel:
+        parser.error("give --wheel FILE or --wheelhouse DIR, not both")
+    if args.wheelhouse:
+        args.wheel = f"{args.wheelhouse.rstrip('/')}/{demo_trees.WHEEL_NAME}"
     try:
         demo_trees.prepare(args.root, wheel=args.wheel, force=args.force)
     except (OSError, ValueError, RuntimeError) as e:
