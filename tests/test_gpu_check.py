@@ -244,7 +244,8 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_50_slim_FPN.yaml")))
     out = tmp_path / "report"
     rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--configs", str(bad), str(tiny),
-                         "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out)])
+                         "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out),
+                         "--work-dir", str(tmp_path / "work")])
     assert rc == 1  # the report says failed (the bad config) ...
     stage = json.loads((out / "stage_configs.json").read_text())
     assert stage["status"] == "failed" and stage["iters"] == 2 and stage["env"]["device"] == "cpu"

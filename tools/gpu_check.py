@@ -385,7 +385,9 @@ def build_parser():
                    help="smoke run: configs 2 iters at 128 px, demo 2 epochs, benchmarks 256 px batch 2")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (dry run of the configs stage)")
     p.add_argument("--out", default="output/gpu_check", help="report folder (stage_*.json, report.md/json)")
-    p.add_argument("--work-dir", default=None, help="logs, junit, training outputs (default: OUT/work)")
+    p.add_argument("--work-dir", default="output/gpu_check_work",
+                   help="logs, junit XML, raw benchmark JSON, training outputs (default output/gpu_check_work; "
+                   "kept out of OUT so that OUT holds only the report files)")
     p.add_argument("--report-only", action="store_true", help="only merge OUT/stage_*.json into the report")
     p.add_argument("--budget", nargs="+", metavar="STAGE=SECONDS",
                    help=f"time budget per stage (default {DEFAULT_BUDGET_S})")
@@ -444,7 +446,7 @@ def main(argv=None) -> int:
                          f"stages {sorted(set(args.stages) - {'configs'})} need CUDA")
     # Every tool, test and worker started from here imports this checkout's aadet.
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
-    args.work_dir = args.work_dir or os.path.join(args.out, "work")
+    args.work_dir, args.out = os.path.abspath(args.work_dir), os.path.abspath(args.out)
     os.makedirs(args.work_dir, exist_ok=True)
     args.iters = args.iters or (2 if args.quick else 3)
     args.size = args.size or (128 if args.quick else 256)
