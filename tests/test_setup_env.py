@@ -175,3 +175,17 @@ def test_install_from_a_wheelhouse_without_an_index_keeps_the_system_torch(tmp_p
                         "--wheelhouse", str(tmp_path)], capture_output=True, text=True, timeout=120,
                        env=_offline_env(), cwd=str(tmp_path))
     assert p.returncode == 1 and "deepforest-2.1.0-py3-none-any.whl" in p.stderr
+
+
+@pytest.mark.slow
+def test_wheelhouse_for_the_lent_gpu_python_resolves(tmp_path):
+    # The GPU machines run CPython 3.12 on manylinux x86_64: every requirement must resolve to
+    # wheels for it (metadata only: --dry-run downloads nothing but the built pure-Python wheels).
+    p = _bash(WHEELHOUSE, str(tmp_path / "wh"), "--python-version", "3.12", "--dry-run",
+              env={"PYTHON": sys.executable}, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (line,) = [ln for ln in p.stdout.splitlines() if "wheels resolve:" in ln]
+    resolved = {x.split("==")[0].lower() for x in line.split("resolve:")[1].split()}
+    assert {"fvcore", "iopath", "pycocotools", "omegaconf", "hydra-core", "yacs", "numpy", "wheel"} <= resolved
+    assert not resolved & {"torch", "torchvision"}
+    assert "sal-detectron2==0.7.2 resolves" in p.stdout
