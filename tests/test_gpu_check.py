@@ -266,6 +266,16 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     assert "| `tiny_R_18` | bf16 | ok |" in md and "| `bad` | fp32 | failed |" in md
 
 
+@pytest.mark.parametrize("epochs", [1, 2, 30, 100])
+def test_demo_schedule_is_a_valid_config_for_every_demo_config(gpu_check, epochs):
+    from aadet.engine import load_config
+
+    for config in gpu_check.DEMO_CONFIGS:
+        cfg = load_config(os.path.join(REPO, config), gpu_check.demo_schedule(epochs))
+        assert cfg.SOLVER.EPOCHS == epochs and max(cfg.SOLVER.STEPS_EPOCHS) < epochs
+    assert gpu_check.demo_schedule(100)[:4] == ["SOLVER.EPOCHS", "100", "SOLVER.STEPS_EPOCHS", "(75, 90)"]
+
+
 def test_without_cuda_the_tool_says_so(gpu_check, tmp_path):
     import torch
 

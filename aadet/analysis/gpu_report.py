@@ -304,7 +304,8 @@ def _verdict(v: dict) -> str:
         return "pass"
     if v["status"] == "miss":
         return f"**miss** by {v['excess']:.2f} ({v['excess_pct']:+.0f}%)"
-    return f"not measured ({v.get('note', '')[:80]})"
+    note = v.get("note", "")
+    return "not measured" if note in ("", "not measured") else f"not measured: {note[:80]}"
 
 
 def render_benchmarks_markdown(bench: dict) -> str:
