@@ -266,13 +266,16 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     assert "| `tiny_R_18` | bf16 | ok |" in md and "| `bad` | fp32 | failed |" in md
 
 
-@pytest.mark.parametrize("epochs", [1, 2, 30, 100])
+@pytest.mark.parametrize("epochs", [2, 3, 30, 100])
 def test_demo_schedule_is_a_valid_config_for_every_demo_config(gpu_check, epochs):
-    from aadet.engine import load_config
+    from aadet.engine import apply_epoch_schedule, load_config
 
     for config in gpu_check.DEMO_CONFIGS:
-        cfg = load_config(os.path.join(REPO, config), gpu_check.demo_schedule(epochs))
+        cfg = load_config(os.path.join(REPO, config), gpu_check.demo_schedule(epochs), freeze=False)
         assert cfg.SOLVER.EPOCHS == epochs and max(cfg.SOLVER.STEPS_EPOCHS) < epochs
+        apply_epoch_schedule(cfg, num_images=62)  # the demo's 62 training tiles
+        # fvcore's MultiStepParamScheduler refuses a step at (or past) the last iteration
+        assert 0 < cfg.SOLVER.STEPS[0] < cfg.SOLVER.STEPS[1] < cfg.SOLVER.MAX_ITER, cfg.SOLVER
     assert gpu_check.demo_schedule(100)[:4] == ["SOLVER.EPOCHS", "100", "SOLVER.STEPS_EPOCHS", "(75, 90)"]
 
 
@@ -285,6 +288,8 @@ def test_without_cuda_the_tool_says_so(gpu_check, tmp_path):
         gpu_check.main(["--out", str(tmp_path)])
     with pytest.raises(SystemExit, match=r"stages \['tests'\] need CUDA"):
         gpu_check.main(["--device", "cpu", "--stages", "tests", "configs", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--demo-epochs must be >= 2"):
+        gpu_check.main(["--device", "cpu", "--stages", "configs", "--demo-epochs", "1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="STAGE=SECONDS"):
         gpu_check.main(["--device", "cpu", "--stages", "configs", "--budget", "lint=3", "--out", str(tmp_path)])
 

@@ -403,7 +403,7 @@ def build_parser():
     p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 3; quick 2)")
     p.add_argument("--size", type=int, default=None, help="configs stage: image side (default 256; quick 128)")
     p.add_argument("--batch", type=int, default=2, help="configs stage: images per iteration (default 2)")
-    p.add_argument("--demo-epochs", type=int, default=None, help="demo stage: epochs (default 30; quick 2)")
+    p.add_argument("--demo-epochs", type=int, default=None, help="demo stage: epochs, >= 2 (default 30; quick 2)")
     p.add_argument("--data-root", default=os.environ.get("AADET_DATASETS", "datasets"),
                    help="demo stage: data root (default $AADET_DATASETS or ./datasets)")
     p.add_argument("--wheelhouse", default=os.environ.get("AADET_WHEELHOUSE"),
@@ -450,16 +450,18 @@ def main(argv=None) -> int:
     if device.type != "cuda" and set(args.stages) != {"configs"}:
         raise SystemExit(f"--device {args.device}: only the configs stage has a CPU dry run; "
                          f"stages {sorted(set(args.stages) - {'configs'})} need CUDA")
+    args.iters = args.iters or (2 if args.quick else 3)
+    args.size = args.size or (128 if args.quick else 256)
+    args.demo_epochs = args.demo_epochs or (2 if args.quick else 30)
+    if min(args.iters, args.size, args.batch) < 1:
+        raise SystemExit(f"--iters, --size and --batch must be >= 1; got {args.iters}, {args.size}, {args.batch}")
+    if args.demo_epochs < 2:  # 1 epoch = 4 iterations: an LR step would round onto the last one
+        raise SystemExit(f"--demo-epochs must be >= 2; got {args.demo_epochs}")
+    budgets = _budgets(args.budget)
     # Every tool, test and worker started from here imports this checkout's aadet.
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
     args.work_dir, args.out = os.path.abspath(args.work_dir), os.path.abspath(args.out)
     os.makedirs(args.work_dir, exist_ok=True)
-    args.iters = args.iters or (2 if args.quick else 3)
-    args.size = args.size or (128 if args.quick else 256)
-    args.demo_epochs = args.demo_epochs or (2 if args.quick else 30)
-    if min(args.iters, args.size, args.batch, args.demo_epochs) < 1:
-        raise SystemExit("--iters, --size, --batch and --demo-epochs must be >= 1")
-    budgets = _budgets(args.budget)
     env = gpu_environment(args.device)
     for name in gpu_report.STAGES:
         if name not in args.stages:
