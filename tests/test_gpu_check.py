@@ -306,3 +306,18 @@ def test_report_only_merges_stage_files_of_separate_runs(gpu_check, tmp_path):
     assert report["stages"]["benchmarks"]["benchmarks"]["device_name"] == ENV["device_name"]
     md = (tmp_path / "report.md").read_text()
     assert "## benchmarks: ok" in md and "## configs: not run" in md and "AA-R50 RetinaNet train time" in md
+
+
+def test_demo_metrics_are_read_and_an_untrained_model_fails(gpu_check, tmp_path):
+    rows = [{"iteration": 19, "total_loss": 2.5}, {"iteration": 39, "total_loss": 1.25},
+            {"iteration": 39, "bbox/AP": 3.5, "bbox/AP50": 12.0, "bbox/AP75": 1.0}]
+    (tmp_path / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    m = gpu_check._read_metrics(str(tmp_path))
+    assert m == {"AP": 3.5, "AP50": 12.0, "AP75": 1.0, "iters": 40, "first_loss": 2.5, "last_loss": 1.25}
+    rows[-1].update({"bbox/AP": float("nan"), "bbox/AP50": float("nan")})  # no detections at all
+    (tmp_path / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(RuntimeError, match="no detections"):
+        gpu_check._read_metrics(str(tmp_path))
+    (tmp_path / "metrics.json").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(RuntimeError, match="no bbox/AP row"):
+        gpu_check._read_metrics(str(tmp_path))

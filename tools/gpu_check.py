@@ -36,6 +36,7 @@ unit test runs); every other stage needs CUDA and says so.
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -254,6 +255,9 @@ def _read_metrics(out_dir: str) -> dict:
     if not evals:
         raise RuntimeError(f"{path} has no bbox/AP row (no evaluation ran)")
     last = evals[-1]
+    if not all(math.isfinite(last.get(k, math.nan)) for k in ("bbox/AP", "bbox/AP50")):
+        # Detectron2 reports NaN when the model has no detection above the test score threshold.
+        raise RuntimeError(f"AP is not a number ({last.get('bbox/AP')}): no detections after training")
     return {"AP": last["bbox/AP"], "AP50": last["bbox/AP50"], "AP75": last.get("bbox/AP75"),
             "iters": max((r.get("iteration", 0) for r in rows), default=0) + 1,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
