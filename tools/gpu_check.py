@@ -29,6 +29,14 @@ Every stage writes ``<out>/stage_<name>.json``; after the stages run, every ``st
 Triton, CUDA and driver versions first). So stages can run in separate calls of a machine lent
 for 10 minutes a command: collect their ``stage_*.json`` in one folder, then ``--report-only``.
 
+Without a package index (e.g. a lent GPU machine: Python 3.12 with its own CUDA torch, 10 minutes a
+command), make the wheel folder where the index is, carry it, and split the stages::
+
+    bash tools/make_wheelhouse.sh .whl --python-version 3.12 --exclude-installed PACKAGES.txt
+    AADET_WHEELHOUSE=.whl AADET_SYSTEM_SITE=1 PYTHON=python3 bash tools/setup_env.sh && \
+        .venv/bin/python tools/gpu_check.py --stages tests configs --out $OUT/gc   # then: benchmarks, demo
+    python tools/gpu_check.py --report-only --out DIR   # DIR: the stage_*.json of all calls
+
 ``--device cpu`` is a dry run of the ``configs`` stage on a machine without CUDA (what the CPU
 unit test runs); every other stage needs CUDA and says so.
 """
