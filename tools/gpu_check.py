@@ -127,7 +127,7 @@ class Budget:
 # ----------------------------------------------------------------------------- stage: tests
 def stage_tests(args, budget: Budget) -> dict:
     junit = os.path.join(args.work_dir, "junit_cuda.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", f"--junitxml={junit}",
            *(["-x"] if args.quick else []), "tests"]
     rc, tail = _run(cmd, budget.left(), os.path.join(args.work_dir, "pytest_cuda.log"))
     if not os.path.isfile(junit):
