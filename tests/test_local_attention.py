@@ -374,3 +374,41 @@ def test_absolute_is_a_deprecated_spelling_of_sine2d():
     with pytest.warns(DeprecationWarning, match="sine2d"):
         layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute")
     assert layer.positional_encoding == "sine2d"
+
+
+# ----------------------------------------------------------------------------- export
+def _export_layers():
+    from aadet.layers import AugmentedConv2d, SpatiallyAwareAttentionStem
+
+    torch.manual_seed(0)
+    return {
+        "sasa": (LocalSelfAttention2d(8, 16, kernel_size=5, num_heads=2, block_size=4),
+                 torch.randn(2, 8, 11, 9)),
+        "aa": (AugmentedConv2d(8, 16, dk=8, dv=8, num_heads=2, max_size=16),
+               torch.randn(2, 8, 11, 9)),
+        "aa_chunked": (AugmentedConv2d(8, 16, dk=8, dv=8, num_heads=2, max_size=16, query_chunk=13),
+                       torch.randn(2, 8, 7, 6)),
+        "stem": (SpatiallyAwareAttentionStem(3, 16, num_heads=2, norm=""),
+                 torch.randn(2, 3, 13, 10)),
+        "stem_projected": (SpatiallyAwareAttentionStem(8, 8, num_heads=2, norm=""),
+                           torch.randn(2, 8, 9, 9)),
+    }
+
+
+@pytest.mark.parametrize("name", ["sasa", "aa", "aa_chunked", "stem", "stem_projected"])
+def test_trace_takes_plain_op_routes_and_matches_eager(name):
+    """Under torch.jit.trace ``impl="auto"`` takes the materialized routes: the graph has no
+    custom autograd Function (``prim::PythonOp``) and no SDPA (ONNX opset 17 has neither), and
+    gives eager's numbers (eager runs the neighborhood / fused routes)."""
+    layer, x = _export_layers()[name]
+    layer.eval()
+    # Traced with autograd on (the parameters require grad), so that a custom Function would be
+    # recorded as one opaque PythonOp rather than inlined.
+    traced = torch.jit.trace(layer, (x,), check_trace=False)
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert "prim::PythonOp" not in kinds, sorted(kinds)
+    assert not any("scaled_dot_product" in kind for kind in kinds), sorted(kinds)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
+        x2 = torch.randn_like(x)  # the traced graph is a function of the input, not a constant
+        torch.testing.assert_close(traced(x2), layer(x2), rtol=1e-5, atol=1e-5)

@@ -60,7 +60,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .logit_tables import MASK_VALUE, attention_with_logit_tables
+from .logit_tables import MASK_VALUE, attention_with_logit_tables, is_exporting
 
 __all__ = [
     "LOCAL_ATTENTION_IMPLS",
@@ -524,7 +524,10 @@ def local_self_attention_2d(
     if impl not in LOCAL_ATTENTION_IMPLS:
         raise ValueError(f"impl must be one of {LOCAL_ATTENTION_IMPLS}; got {impl!r}")
     if impl == "auto":
-        impl = "fused" if q.device.type == "cuda" else "neighborhood"
+        if is_exporting():  # plain tensor ops only (no autograd.Function, no SDPA)
+            impl = "materialized"
+        else:
+            impl = "fused" if q.device.type == "cuda" else "neighborhood"
     if impl == "neighborhood":
         return _neighborhood_attention(q, k, v, rel_h, rel_w, kernel_size)
     h, w = q.shape[2], q.shape[3]

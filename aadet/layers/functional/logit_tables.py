@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGIT_TABLE_IMPLS", "MASK_VALUE", "attention_with_logit_tables"]
+__all__ = ["LOGIT_TABLE_IMPLS", "MASK_VALUE", "attention_with_logit_tables", "is_exporting"]
 
 # Large negative logit used as a mask. Finite (no inf-inf = NaN), representable in fp16
 # (|x| < 65504) and far below any real logit, so exp(MASK_VALUE - max) underflows to 0.
@@ -36,6 +36,19 @@ MASK_VALUE = -1.0e4
 
 # Allowed values of ``impl`` (the one definition; AA layers and the config import it).
 LOGIT_TABLE_IMPLS = ("auto", "fused", "materialized")
+
+
+def is_exporting() -> bool:
+    """True while ``torch.jit.trace``, ``torch.onnx.export`` or ``torch.export`` records the model.
+
+    ``impl="auto"`` then picks the materialized routes: plain differentiable tensor ops only (no
+    custom ``autograd.Function``, no ``scaled_dot_product_attention``), which trace and export to
+    ONNX (opset 17).
+    """
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True
+    is_exp = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exp()) if is_exp is not None else False
 
 
 def _indicators(key_index: Sequence[torch.Tensor], sizes: Sequence[int], like: torch.Tensor):
@@ -79,7 +92,7 @@ def _materialized(q, k, v, tables, key_index, chunk):
     if chunk <= 0 or chunk >= lq:
         return _materialized_chunk(q, k, v, *tables, *key_index)
     outs = []
-    need_grad = torch.is_grad_enabled() and any(
+    need_grad = torch.is_grad_enabled() and not is_exporting() and any(
         t.requires_grad for t in (q, k, v, *tables)
     )
     for s in range(0, lq, chunk):
@@ -123,8 +136,8 @@ def attention_with_logit_tables(
     if len(tables) != len(key_index):
         raise ValueError(f"got {len(tables)} tables but {len(key_index)} key indices")
     if impl == "auto":
-        # float64 (tests, gradcheck) has no fused kernel worth using; everything else does.
-        impl = "materialized" if q.dtype == torch.float64 else "fused"
+        # float64 (tests, gradcheck) has no fused kernel worth using; export wants plain ops.
+        impl = "materialized" if q.dtype == torch.float64 or is_exporting() else "fused"
     if impl == "fused":
         return _fused(q, k, v, tables, key_index)
     return _materialized(q, k, v, tables, key_index, query_chunk)
