@@ -12,31 +12,11 @@ from aadet.layers.functional.local_attention import (
     local_attention_probs_2d,
     local_self_attention_2d,
 )
+from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
 from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads
 from aadet.layers.position_encoding import sine_2d
 
 D = torch.float64
-
-
-def brute_force(q, k, v, rel_h, rel_w, kernel_size):
-    """Eq. 3 pixel by pixel in float64: softmax over the in-map part of the centred window."""
-    b, nh, h, w, dk = q.shape
-    r = kernel_size // 2
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros(b, nh, h, w, v.shape[-1], dtype=D)
-    for bi, n, y, x in itertools.product(range(b), range(nh), range(h), range(w)):
-        logits, values = [], []
-        for yy in range(max(0, y - r), min(h, y + r + 1)):
-            for xx in range(max(0, x - r), min(w, x + r + 1)):
-                logit = q[bi, n, y, x] @ k[bi, n, yy, xx]
-                if rel_h is not None:
-                    logit = logit + q[bi, n, y, x, : dk // 2] @ rel_h[yy - y + r].double()
-                    logit = logit + q[bi, n, y, x, dk // 2:] @ rel_w[xx - x + r].double()
-                logits.append(logit)
-                values.append(v[bi, n, yy, xx])
-        p = torch.softmax(torch.stack(logits), 0)
-        out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
-    return out
 
 
 def _inputs(b, nh, h, w, dk, dv, ks, dtype=D, seed=0, scale=1.0):

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.local_attention import (
+from .functional.blocks import (
     add_block_relative_logits,
     block_attention,
     block_padding_mask,

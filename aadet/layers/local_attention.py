@@ -8,7 +8,8 @@ each, concatenated). Section 3.1: when a spatial convolution had a stride, the a
 is followed by a 2x2 average pooling with stride 2.
 
 The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (offset by
-offset on CPU, blocked with halos through fused SDPA on CUDA; exact at the map borders; see there). This module adds the projections, the head
+offset on CPU, blocked with halos through fused SDPA on CUDA, plain tensor ops when traced or
+exported; exact at the map borders; see there). This module adds the projections, the head
 split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling, and, like
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
