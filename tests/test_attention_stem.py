@@ -206,3 +206,6 @@ def test_flop_count_formula():
     assert f["content_logits"] == f["weighted_sum"] == n * 16 * 64
     assert f["relative_logits"] == n * 4 * 64  # b row + b column offsets of dkh / 2
     assert f["total"] == 55_296 + 12_288 + 2 * 98_304 + 24_576
+    f2 = stem.flop_count((8, 12), batch=2)  # the b^2 mixed value matrices: once per call
+    assert f2["value_mixing"] == f["value_mixing"]
+    assert f2["total"] == 2 * f["total"] - f["value_mixing"]

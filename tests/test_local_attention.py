@@ -13,6 +13,7 @@ from aadet.layers.functional.local_attention import (
     local_self_attention_2d,
 )
 from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
+from aadet.layers.functional.reference import local_self_attention_2d_unfold
 from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads
 from aadet.layers.position_encoding import sine_2d
 
@@ -54,6 +55,14 @@ def test_matches_brute_force(h, w, ks, bs, impl, relative):
         rh = rw = None
     out = local_self_attention_2d(q, k, v, rh, rw, ks, block_size=bs, impl=impl)
     assert out.shape == (2, 2, h, w, 3)
+    torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("h,w,ks,bs", CASES)
+def test_unfold_reference_matches_brute_force(h, w, ks, bs):
+    # the benchmark's vectorized reference (tools/benchmark_layers.py) is Eq. 3 too
+    q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)
+    out = local_self_attention_2d_unfold(q, k, v, rh, rw, ks)
     torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
 
 
@@ -323,6 +332,7 @@ def test_flop_count_formula():
     assert f["relative_logits"] == n * 8 * 2 * 7 * 8  # Nh heads x 2k dot products of dkh/2
     assert f["pooling"] == n * 128
     assert f["total"] == sum(v for key, v in f.items() if key != "total") == 4_577_280
+    assert layer.flop_count((10, 12), batch=3) == {key: 3 * v for key, v in f.items()}
 
 
 @pytest.mark.parametrize(

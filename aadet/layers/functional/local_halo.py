@@ -31,7 +31,12 @@ import torch.nn.functional as F
 
 from .logit_tables import MASK_VALUE, attention_with_logit_tables
 
-__all__ = ["halo_local_attention", "halo_local_attention_fused", "halo_local_attention_materialized"]
+__all__ = [
+    "halo_local_attention",
+    "halo_local_attention_fused",
+    "halo_local_attention_macs",
+    "halo_local_attention_materialized",
+]
 
 
 def _pad_map(x: torch.Tensor, hp: int, wp: int, halo: int) -> torch.Tensor:
@@ -195,3 +200,21 @@ def halo_local_attention_materialized(q, k, v, rel_h, rel_w, kernel_size, *, blo
     return halo_local_attention(
         q, k, v, rel_h, rel_w, kernel_size, block_size=block_size, impl="materialized"
     )
+
+
+def halo_local_attention_macs(
+    batch: int, heads: int, hw: Tuple[int, int], kernel_size: int, block_size: int,
+    dk: int, dv: int, relative: bool,
+) -> int:
+    """Multiply-adds of :func:`halo_local_attention`'s fused route (an estimate): every query of
+    a padded ``bh x bw`` tile scores the ``(bh + 2r) x (bw + 2r)`` window, each logit with
+    ``dk + Uh + Uw`` dims when position tables ride on the augmented dot product (the masks use
+    them too), plus the weighted sum over ``dv``. The one-hot einsums placing the tables in
+    window coordinates and the ``k``-offset table matmuls are not included."""
+    h, w = hw
+    r = (kernel_size - 1) // 2
+    bh, bw = min(block_size, h), min(block_size, w)
+    queries = (-(-h // bh) * bh) * (-(-w // bw) * bw)  # padded to whole tiles
+    uh, uw = bh + 2 * r, bw + 2 * r
+    extra = (uh + uw) if relative else 0
+    return batch * heads * queries * uh * uw * (dk + extra + dv)
