@@ -402,3 +402,26 @@ def test_trace_takes_plain_op_routes_and_matches_eager(name):
         torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
         x2 = torch.randn_like(x)  # the traced graph is a function of the input, not a constant
         torch.testing.assert_close(traced(x2), layer(x2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("h,w,ks,bs", CASES[:4])
+def test_traced_route_matches_brute_force(h, w, ks, bs):
+    # the export route (materialized halo blocks, windows gathered by index) is exact too
+    q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)
+
+    def fn(q, k, v, rh, rw):
+        return local_self_attention_2d(q, k, v, rh, rw, ks, block_size=bs)
+
+    traced = torch.jit.trace(fn, (q, k, v, rh, rw), check_trace=False)
+    torch.testing.assert_close(traced(q, k, v, rh, rw), brute_force(q, k, v, rh, rw, ks),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["sasa", "aa", "stem"])
+def test_onnx_export_opset17(name):
+    import io
+
+    layer, x = _export_layers()[name]
+    f = io.BytesIO()
+    torch.onnx.export(layer.eval(), (x,), f, opset_version=17, dynamo=False)  # TorchScript exporter
+    assert len(f.getvalue()) > 1000

@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .dispatch import is_exporting
 from .logit_tables import MASK_VALUE, attention_with_logit_tables
 
 __all__ = [
@@ -56,14 +57,26 @@ def _halo_windows(x: torch.Tensor, bh: int, bw: int, halo: int) -> torch.Tensor:
     """``[N, hp + 2h, wp + 2h, d]`` -> ``[N, nby * nbx, (bh + 2h) * (bw + 2h), d]``.
 
     Windows of consecutive blocks overlap by ``2h`` rows/columns; the unfold is a view and the
-    final reshape copies ``(bh + 2h)(bw + 2h) / (bh bw)`` times the map.
+    final reshape copies ``(bh + 2h)(bw + 2h) / (bh bw)`` times the map. While exporting, the
+    same windows come from two ``index_select`` (ONNX ``Gather``): ``Tensor.unfold`` has no
+    ONNX form once the map's size is traced.
     """
-    n, _, _, d = x.shape
-    x = x.unfold(1, bh + 2 * halo, bh)  # [N, nby, Wp + 2h, d, bh + 2h]
-    x = x.unfold(2, bw + 2 * halo, bw)  # [N, nby, nbx, d, bh + 2h, bw + 2h]
-    nby, nbx = x.shape[1], x.shape[2]
-    x = x.permute(0, 1, 2, 4, 5, 3)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
-    return x.reshape(n, nby * nbx, (bh + 2 * halo) * (bw + 2 * halo), d)
+    n, hp2, wp2, d = x.shape
+    uh, uw = bh + 2 * halo, bw + 2 * halo
+    nby, nbx = (hp2 - 2 * halo) // bh, (wp2 - 2 * halo) // bw
+    if is_exporting():
+        rows = (torch.arange(nby, device=x.device)[:, None] * bh
+                + torch.arange(uh, device=x.device)[None, :])  # [nby, Uh] map row of window row
+        cols = (torch.arange(nbx, device=x.device)[:, None] * bw
+                + torch.arange(uw, device=x.device)[None, :])  # [nbx, Uw]
+        x = x.index_select(1, rows.flatten()).view(n, nby, uh, wp2, d)
+        x = x.index_select(3, cols.flatten()).view(n, nby, uh, nbx, uw, d)
+        x = x.permute(0, 1, 3, 2, 4, 5)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
+    else:
+        x = x.unfold(1, uh, bh)  # [N, nby, Wp + 2h, d, bh + 2h]
+        x = x.unfold(2, uw, bw)  # [N, nby, nbx, d, bh + 2h, bw + 2h]
+        x = x.permute(0, 1, 2, 4, 5, 3)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
+    return x.reshape(n, nby * nbx, uh * uw, d)
 
 
 def _axis_validity(
