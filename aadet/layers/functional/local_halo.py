@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 
+def _tile(block_size: int, h: int, w: int) -> Tuple[int, int]:
+    """The query tile ``(bh, bw)``: ``block_size`` capped at the map's sides."""
+    return min(block_size, h), min(block_size, w)
+
+
 def _pad_map(x: torch.Tensor, hp: int, wp: int, halo: int) -> torch.Tensor:
     """``[N, H, W, d]`` -> ``[N, hp + 2 halo, wp + 2 halo, d]``, zeros around (``halo`` before)."""
     h, w = x.shape[1], x.shape[2]
@@ -198,8 +203,7 @@ def halo_local_attention(
     :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
     """
     r = (kernel_size - 1) // 2
-    h, w = q.shape[2], q.shape[3]
-    block_hw = (min(block_size, h), min(block_size, w))
+    block_hw = _tile(block_size, q.shape[2], q.shape[3])
     return _blocked_attention(q, k, v, rel_h, rel_w, radius=r, halo=r, block_hw=block_hw, impl=impl)
 
 
@@ -226,7 +230,7 @@ def halo_local_attention_macs(
     window coordinates and the ``k``-offset table matmuls are not included."""
     h, w = hw
     r = (kernel_size - 1) // 2
-    bh, bw = min(block_size, h), min(block_size, w)
+    bh, bw = _tile(block_size, h, w)
     queries = (-(-h // bh) * bh) * (-(-w // bw) * bw)  # padded to whole tiles
     uh, uw = bh + 2 * r, bw + 2 * r
     extra = (uh + uw) if relative else 0
