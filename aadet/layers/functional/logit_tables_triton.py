@@ -31,12 +31,12 @@ their gradients come back in their own dtype). Any ``H, W, dk, dv``: head dims a
 of two with masks.
 
 Devices: CUDA (compiled by Triton). On CPU the kernels run under Triton's interpreter when
-``TRITON_INTERPRET=1`` is set (slow: for tests). The kernels are decorated on first use, per mode,
-so setting ``TRITON_INTERPRET`` after this module was imported still takes effect.
+``TRITON_INTERPRET=1`` was set before triton was first imported (slow: for tests). The mode is
+fixed per process: triton decorates its own library (``tl.sum``, ``tl.zeros``) at import, and
+interpreted and compiled functions do not mix (``TRITON_INTERPRETED`` says which it is).
 """
 import math
-import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -56,7 +56,7 @@ __all__ = [
     "row_col_tables_from_index",
     "triton_attention_with_logit_tables",
     "triton_attention_with_row_col_tables",
-    "triton_interpreting",
+    "TRITON_INTERPRETED",
 ]
 
 # Input dtypes of q, k, v the kernels accept (the one definition).
@@ -73,23 +73,51 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def triton_interpreting() -> bool:
-    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``), read now, not at import."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+def _interpreted() -> bool:
+    """Whether triton was imported under its interpreter: its own library functions (``tl.sum``,
+    ``tl.zeros``, ...) are then interpreted functions, and ours must be too (the two modes do not
+    mix in one process)."""
+    return TRITON_AVAILABLE and type(tl.zeros).__name__ == "InterpretedFunction"
+
+
+# Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` when triton was
+# first imported); fixed for the process.
+TRITON_INTERPRETED = _interpreted()
+
+
+def _jit(fn):
+    """``triton.jit`` in the mode triton itself was imported in."""
+    if TRITON_INTERPRETED:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(fn)
 
 
 # ----------------------------------------------------------------------------- kernels
 if TRITON_AVAILABLE:
+
+    def _mm(a, b, OP_F32: tl.constexpr):
+        """``a @ b`` accumulated in float32; IEEE float32 products for float32 operands (no TF32).
+        ``OP_F32`` multiplies in float32 (exact for half operands): for the interpreter, whose
+        ``tl.dot`` cannot take bfloat16."""
+        if OP_F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if a.dtype == tl.float32:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b)  # half operands: tensor cores, float32 accumulation
+
+    _mm = _jit(_mm)
 
     def _fwd_kernel(
         Q, K, V, TR, TC, O, LSE,
         L, H, W, DK, DV,
         HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
-        D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
     ):
         """One program: BLOCK_M queries of one (batch, head) against all keys."""
         pid_m = tl.program_id(0)
@@ -119,7 +147,7 @@ if TRITON_AVAILABLE:
                     K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
                     mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0,
                 )  # [BN, D_PAD]
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] float32
+                s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN] float32
                 qk_ok = m_ok[:, None] & kv_ok[None, :]
                 if HAS_ROW:
                     s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
@@ -136,7 +164,7 @@ if TRITON_AVAILABLE:
                     V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
                     mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0,
                 )  # [BN, DV_PAD]
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, OP_F32)
                 m_i = m_new
         out = acc / l_i[:, None]
         tl.store(
@@ -151,7 +179,7 @@ if TRITON_AVAILABLE:
         L, H, W, DK, DV, N_ROW_BLOCKS,
         HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
-        D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
     ):
         """One program: one key tile of one (batch, head), looping over all queries."""
         tile = tl.program_id(0)
@@ -181,7 +209,7 @@ if TRITON_AVAILABLE:
                          mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # [BM, DV_PAD]
             lse = tl.load(LSE + n * L + offs_m, mask=m_ok, other=0.0)
             delta = tl.load(DELTA + n * L + offs_m, mask=m_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN]
+            s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN]
             if HAS_ROW:
                 s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
                              mask=qk_ok, other=0.0)
@@ -190,10 +218,10 @@ if TRITON_AVAILABLE:
                              mask=qk_ok, other=0.0)
             p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
             p = tl.where(qk_ok, p, 0.0)  # [BM, BN] probabilities
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
+            dv += _mm(tl.trans(p.to(do.dtype)), do, OP_F32)
+            dp = _mm(do, tl.trans(v), OP_F32)  # [BM, BN]
             ds = p * (dp - delta[:, None])  # d loss / d logits
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+            dk += _mm(tl.trans(ds.to(q.dtype)), q, OP_F32)
         tl.store(DKEY + n * L * DK + keys[:, None] * DK + offs_d[None, :],
                  dk.to(DKEY.dtype.element_ty), mask=kv_ok[:, None] & (offs_d[None, :] < DK))
         tl.store(DVAL + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
@@ -204,7 +232,7 @@ if TRITON_AVAILABLE:
         L, H, W, DK, DV, N,
         HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
-        D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
     ):
         """One program: BLOCK_M queries of one (batch, head); dq and both table gradients.
 
@@ -240,7 +268,7 @@ if TRITON_AVAILABLE:
                             mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0)
                 v = tl.load(V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
                             mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+                s = _mm(q, tl.trans(k), OP_F32)
                 if HAS_ROW:
                     s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
                                  mask=qk_ok, other=0.0)
@@ -249,9 +277,9 @@ if TRITON_AVAILABLE:
                                  mask=qk_ok, other=0.0)
                 p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
                 p = tl.where(qk_ok, p, 0.0)
-                dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+                dp = _mm(do, tl.trans(v), OP_F32)
                 ds = p * (dp - delta[:, None])  # [BM, BN], zero on padded slots
-                dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+                dq += _mm(ds.to(k.dtype), k, OP_F32)
                 if HAS_ROW or HAS_COL:
                     ds3 = tl.reshape(ds, (BLOCK_M, ROWS, BLOCK_W))  # slot = (row, column)
                     if HAS_ROW:
@@ -271,18 +299,7 @@ if TRITON_AVAILABLE:
         tl.store(DQ + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < DK))
 
-    _KERNEL_FNS = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel}
-
-_KERNELS: Dict[Tuple[str, bool], object] = {}
-
-
-def _kernel(name: str):
-    """The kernel ``name``, decorated by ``triton.jit`` in the current mode (compiled or
-    interpreted); decorating lazily makes ``TRITON_INTERPRET`` set after import take effect."""
-    key = (name, triton_interpreting())
-    if key not in _KERNELS:
-        _KERNELS[key] = triton.jit(_KERNEL_FNS[name])
-    return _KERNELS[key]
+    _KERNELS = {"fwd": _jit(_fwd_kernel), "dkdv": _jit(_bwd_dkdv_kernel), "dq": _jit(_bwd_dq_kernel)}
 
 
 # ----------------------------------------------------------------------------- launch
@@ -304,29 +321,30 @@ class _Plan:
         self.d_pad = max(_MIN_DOT, _pow2(dk))
         self.dv_pad = max(_MIN_DOT, _pow2(dv))
 
-    def meta(self, has_row, has_col):
+    def meta(self, has_row, has_col, dtype):
         return dict(
             HAS_ROW=has_row, HAS_COL=has_col, BLOCK_M=self.block_m, ROWS=self.rows,
             BLOCK_W=self.block_w, D_PAD=self.d_pad, DV_PAD=self.dv_pad,
+            OP_F32=TRITON_INTERPRETED and dtype == torch.bfloat16,
         )
 
 
 def _check_runnable(q: torch.Tensor):
-    if not TRITON_AVAILABLE:
-        raise RuntimeError(
-            "the 'triton' attention route needs the triton package (pip install triton); "
-            "use impl='fused' or 'materialized' instead"
-        )
     if q.dtype not in TRITON_DTYPES:
         raise ValueError(
             f"the 'triton' attention route takes q, k, v in {[str(t) for t in TRITON_DTYPES]}; "
             f"got {q.dtype} (float64 references: impl='materialized')"
         )
-    if q.device.type != "cuda" and not triton_interpreting():
+    if not TRITON_AVAILABLE:
+        raise RuntimeError(
+            "the 'triton' attention route needs the triton package (pip install triton); "
+            "use impl='fused' or 'materialized' instead"
+        )
+    if q.device.type != "cuda" and not TRITON_INTERPRETED:
         raise RuntimeError(
             f"the 'triton' attention route runs on CUDA; got tensors on {q.device}. On CPU it runs "
-            "only under Triton's interpreter (TRITON_INTERPRET=1, slow: for tests); otherwise use "
-            "impl='fused' or 'materialized'"
+            "only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is first "
+            "imported; slow: for tests); otherwise use impl='fused' or 'materialized'"
         )
 
 
@@ -337,10 +355,10 @@ class _RowColAttention(torch.autograd.Function):
         out = torch.empty(n, length, plan.dv, dtype=q.dtype, device=q.device)
         lse = torch.empty(n, length, dtype=torch.float32, device=q.device)
         dummy = q.new_empty(0, dtype=torch.float32)
-        _kernel("fwd")[(triton.cdiv(length, plan.block_m), n)](
+        _KERNELS["fwd"][(triton.cdiv(length, plan.block_m), n)](
             q, k, v, dummy if t_row is None else t_row, dummy if t_col is None else t_col,
             out, lse, length, plan.h, plan.w, plan.dk, plan.dv,
-            **plan.meta(t_row is not None, t_col is not None),
+            **plan.meta(t_row is not None, t_col is not None, q.dtype),
         )
         ctx.save_for_backward(q, k, v, t_row, t_col, out, lse)
         ctx.plan = plan
@@ -363,12 +381,12 @@ class _RowColAttention(torch.autograd.Function):
             if has_row else dummy
         )
         dt_col = torch.empty_like(t_col) if has_col else dummy
-        meta = plan.meta(has_row, has_col)
-        _kernel("dkdv")[(plan.n_row_blocks * plan.n_col_chunks, n)](
+        meta = plan.meta(has_row, has_col, q.dtype)
+        _KERNELS["dkdv"][(plan.n_row_blocks * plan.n_col_chunks, n)](
             q, k, v, tr, tc, dout, lse, delta, dk, dv,
             length, plan.h, plan.w, plan.dk, plan.dv, plan.n_row_blocks, **meta,
         )
-        _kernel("dq")[(triton.cdiv(length, plan.block_m), n)](
+        _KERNELS["dq"][(triton.cdiv(length, plan.block_m), n)](
             q, k, v, tr, tc, dout, lse, delta, dq, dt_row, dt_col,
             length, plan.h, plan.w, plan.dk, plan.dv, n, **meta,
         )
@@ -406,7 +424,6 @@ def triton_attention_with_row_col_tables(
     Returns:
         ``[*, L, dv]`` in the dtype of ``v``; differentiable in q, k, v and both tables.
     """
-    _check_runnable(q)
     *batch, length, dk = q.shape
     if k.shape != q.shape:
         raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
@@ -426,6 +443,7 @@ def triton_attention_with_row_col_tables(
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     n = math.prod(batch)
     plan = _Plan(n, h, w, dk, v.shape[-1], block_m, block_n, max_block_w)
+    _check_runnable(q)
 
     def flat(t, m):
         return None if t is None else t.reshape(n, length, m).contiguous()
