@@ -210,7 +210,8 @@ def test_triton_cpu_relative_attention_end_to_end(interpreter):
         out = fn(*xs)
         results.append((out, torch.autograd.grad(out, xs, grad_out.to(dtype))))
     (out, grads), (ref, ref_grads) = results
-    for name, a, r in zip(["out", "dq", "dk", "dv", "drel_h", "drel_w"], [out, *grads], [ref, *ref_grads]):
+    names = ["out", "dq", "dk", "dv", "drel_h", "drel_w"]
+    for name, a, r in zip(names, [out, *grads], [ref, *ref_grads]):
         err = (a.detach().double() - r).abs().max().item()
         scale = max(1.0, r.abs().max().item())
         assert err <= TOL[torch.float32] * scale, f"{name}: max error {err:.3g}"
@@ -295,9 +296,12 @@ def test_flex_forward_cpu(dtype, tol):
 def test_flex_general_key_index_cpu():
     """Any key index (not only a 2D grid): a permuted 3-column table and a 1-column one."""
     g = torch.Generator().manual_seed(8)
-    q, k = torch.randn(2, 9, 4, generator=g, dtype=torch.float64), torch.randn(2, 11, 4, generator=g, dtype=torch.float64)
-    v = torch.randn(2, 11, 3, generator=g, dtype=torch.float64)
-    tables = [torch.randn(2, 9, 3, generator=g, dtype=torch.float64), torch.randn(2, 9, 1, generator=g, dtype=torch.float64)]
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    q, k, v = r(2, 9, 4), r(2, 11, 4), r(2, 11, 3)  # 9 queries, 11 keys
+    tables = [r(2, 9, 3), r(2, 9, 1)]
     key_index = [torch.randint(0, 3, (11,), generator=g), torch.zeros(11, dtype=torch.long)]
     with torch.no_grad():
         out = flex_attention_with_logit_tables(q, k, v, tables, key_index)

@@ -25,6 +25,12 @@ logit tile instead, so the head stays ``dk`` wide:
   owner, so no atomics (and deterministic). The tables' gradients then flow into ``q`` and the
   relative embeddings through PyTorch autograd of ``relative_logit_tables_2d``.
 
+In terms of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`: its 2D
+case ``tables = [T_row, T_col]``, ``key_index = [j // W, j % W]`` is
+``triton_attention_with_row_col_tables(q, k, v, T_row, T_col, W)``;
+:func:`triton_attention_with_logit_tables` takes ``(tables, key_index)`` as they are and reads the
+grid back (:func:`row_col_tables_from_index`; any other key layout is refused).
+
 No scaling happens here (``q`` arrives scaled, as everywhere in this package). Inputs: float32,
 float16 or bfloat16 ``q, k, v`` (one dtype), tables in float32 (any float dtype is read as float32;
 their gradients come back in their own dtype). Any ``H, W, dk, dv``: head dims are padded to powers
@@ -53,10 +59,10 @@ except ImportError:  # pragma: no cover - exercised only on machines without tri
 __all__ = [
     "TRITON_AVAILABLE",
     "TRITON_DTYPES",
+    "TRITON_INTERPRETED",
     "row_col_tables_from_index",
     "triton_attention_with_logit_tables",
     "triton_attention_with_row_col_tables",
-    "TRITON_INTERPRETED",
 ]
 
 # Input dtypes of q, k, v the kernels accept (the one definition).
@@ -107,8 +113,10 @@ if TRITON_AVAILABLE:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         if a.dtype == tl.float32:
-            return tl.dot(a, b, input_precision="ieee")
-        return tl.dot(a, b)  # half operands: tensor cores, float32 accumulation
+            c = tl.dot(a, b, input_precision="ieee")
+        else:
+            c = tl.dot(a, b)  # half operands: tensor cores, float32 accumulation
+        return c
 
     _mm = _jit(_mm)
 
@@ -280,18 +288,17 @@ if TRITON_AVAILABLE:
                 dp = _mm(do, tl.trans(v), OP_F32)
                 ds = p * (dp - delta[:, None])  # [BM, BN], zero on padded slots
                 dq += _mm(ds.to(k.dtype), k, OP_F32)
-                if HAS_ROW or HAS_COL:
-                    ds3 = tl.reshape(ds, (BLOCK_M, ROWS, BLOCK_W))  # slot = (row, column)
-                    if HAS_ROW:
-                        r_idx = r0 + tile_rows
-                        tl.store(
-                            DTR + ((c0 // BLOCK_W) * N + n) * L * H
-                            + offs_m[:, None] * H + r_idx[None, :],
-                            tl.sum(ds3, 2),  # [BM, ROWS]: sum over the row's columns
-                            mask=m_ok[:, None] & (r_idx[None, :] < H),
-                        )
-                    if HAS_COL:
-                        dt_col += tl.sum(ds3, 1)  # [BM, BLOCK_W]: sum over the tile's rows
+                ds3 = tl.reshape(ds, (BLOCK_M, ROWS, BLOCK_W))  # slot = (row, column)
+                if HAS_ROW:
+                    r_idx = r0 + tile_rows
+                    tl.store(
+                        DTR + ((c0 // BLOCK_W) * N + n) * L * H
+                        + offs_m[:, None] * H + r_idx[None, :],
+                        tl.sum(ds3, 2),  # [BM, ROWS]: sum over the row's columns
+                        mask=m_ok[:, None] & (r_idx[None, :] < H),
+                    )
+                if HAS_COL:
+                    dt_col += tl.sum(ds3, 1)  # [BM, BLOCK_W]: sum over the tile's rows
             if HAS_COL:
                 c_idx = c0 + tile_cols
                 tl.store(DTC + n * L * W + offs_m[:, None] * W + c_idx[None, :], dt_col,
