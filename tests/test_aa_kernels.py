@@ -241,6 +241,9 @@ def test_triton_argument_errors():
         triton_attention_with_row_col_tables(q, k, v, t_row, t_col[..., :2], 3)
     with pytest.raises(ValueError, match="block_m must be a power of two"):
         triton_attention_with_row_col_tables(q, k, v, t_row, t_col, 3, block_m=24)
+    big = torch.zeros(65536, 6, 1).expand(65536, 6, 1)
+    with pytest.raises(ValueError, match="at most 65535; got 65536"):
+        triton_attention_with_row_col_tables(big, big, big, None, None, 3)
     if not TRITON_INTERPRETED:  # compiled mode (or no triton): CPU tensors cannot run
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1|pip install triton"):
             triton_attention_with_row_col_tables(q, k, v, None, None, 3)

@@ -73,6 +73,7 @@ BLOCK_M = 64
 BLOCK_N = 64
 MAX_BLOCK_W = 128
 _MIN_DOT = 16  # tl.dot needs every tile dimension >= 16 on the GPU
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis (the (batch, head) pairs)
 
 
 def _pow2(x: int) -> int:
@@ -449,6 +450,11 @@ def triton_attention_with_row_col_tables(
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     n = math.prod(batch)
+    if n > _MAX_GRID_Y:
+        raise ValueError(
+            f"the 'triton' attention route launches one program row per (batch, head) pair, at "
+            f"most {_MAX_GRID_Y}; got {n} = prod{tuple(batch)}"
+        )
     plan = _Plan(n, h, w, dk, v.shape[-1], block_m, block_n, max_block_w)
     _check_runnable(q)
 
