@@ -7,11 +7,12 @@ takes a route made only of plain differentiable tensor ops -- no custom
 ``torch.autograd.Function`` (traced as an opaque ``prim::PythonOp``) and no
 ``scaled_dot_product_attention`` -- so the graph exports to ONNX at opset 17.
 """
-from typing import Sequence
+import importlib
+from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["check_impl", "is_exporting"]
+__all__ = ["check_impl", "is_exporting", "lazy_backend"]
 
 
 def is_exporting() -> bool:
@@ -26,3 +27,23 @@ def check_impl(impl: str, allowed: Sequence[str]) -> None:
     """Raise a ``ValueError`` naming the allowed values unless ``impl`` is one of them."""
     if impl not in allowed:
         raise ValueError(f"impl must be one of {tuple(allowed)}; got {impl!r}")
+
+
+def lazy_backend(module: str, name: str, *, drop=()) -> Callable[..., torch.Tensor]:
+    """An implementation that imports ``aadet.layers.functional.<module>`` on first call.
+
+    Kernel modules (Triton, flex_attention) are imported only when their route runs: ``import
+    aadet`` stays fast, works without Triton, and Triton's interpreter mode (``TRITON_INTERPRET``,
+    read when Triton is first imported) stays the caller's choice. ``drop`` names keyword arguments
+    of the registry's calling convention that this implementation does not take.
+    """
+
+    def backend(*args, **kwargs):
+        for key in drop:
+            kwargs.pop(key, None)
+        fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        return fn(*args, **kwargs)
+
+    backend.__name__ = backend.__qualname__ = name
+    backend.__doc__ = f"``{module}.{name}`` (imported on first call)."
+    return backend

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .checks import check_query_chunk
-from .dispatch import check_impl, is_exporting
+from .dispatch import check_impl, is_exporting, lazy_backend
 
 __all__ = [
     "LOGIT_TABLE_BACKENDS",
@@ -110,6 +110,11 @@ def materialized_logit_table_attention(q, k, v, tables, key_index, *, query_chun
 LOGIT_TABLE_BACKENDS: Dict[str, Callable[..., torch.Tensor]] = {
     "fused": fused_logit_table_attention,
     "materialized": materialized_logit_table_attention,
+    # Flash attention with the row/column tables added in-kernel (no head widening); CUDA, or
+    # CPU under Triton's interpreter (tests).
+    "triton": lazy_backend("logit_tables_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)),
+    # torch's flex_attention with the tables in its score_mod; backward on CUDA only.
+    "flex": lazy_backend("logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)),
 }
 
 #: Allowed values of ``impl`` (the one definition; AA layers and the config import it).
@@ -141,7 +146,9 @@ def attention_with_logit_tables(
         tables: list of ``[*, Lq, M_g]`` query-side logit tables (may be empty).
         key_index: list of ``[Lk]`` long tensors in ``[0, M_g)``: the table column of each key.
         impl: one of :data:`LOGIT_TABLE_IMPLS`: ``"fused"`` (augmented dot product through
-            SDPA), ``"materialized"`` (explicit float32 logits, chunked over queries) or
+            SDPA), ``"materialized"`` (explicit float32 logits, chunked over queries),
+            ``"triton"`` (flash attention with the tables added in the kernel; 2D row/column
+            tables only; CUDA), ``"flex"`` (``flex_attention`` score_mod; backward on CUDA only) or
             ``"auto"`` (:func:`auto_logit_table_impl`: fused, except for float64 inputs and
             while tracing/exporting).
         query_chunk: queries per chunk of the materialized route (0 = all at once); it bounds
