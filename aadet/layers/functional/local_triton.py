@@ -24,8 +24,10 @@ first imported, flag :data:`TRITON_INTERPRETED`: exact and slow, for tests on CP
 raises a ValueError saying what is needed. float64 is rejected (the kernels compute in float32:
 use the ``"neighborhood"`` route). The module imports without Triton (:data:`TRITON_AVAILABLE`).
 
-Algorithm (one program = ``BLOCK_P`` consecutive pixels of one head's row-major map, the
-channels as a vector padded to a power of two with masks; the ``k^2`` offsets are a loop):
+Algorithm (one program = ``BLOCK_P`` consecutive pixels of the flattened ``[B * Nh, H, W]``
+maps, so a block may span two heads and small maps waste no tail; each pixel's channels are a
+vector padded to a power of two with masks; the ``k^2`` window offsets are a loop; any strides,
+each pixel row found from its own image/head/row/column):
 
 * forward: per offset, gather the key row of every query of the block (masked where out of map),
   add the offset's relative vector, dot with ``q``; an online softmax (running max ``m``, sum
@@ -45,8 +47,8 @@ Memory: saved for backward are the inputs (``q, k, v, rel_h, rel_w``, not copied
 in float32 (``[B, Nh, H, W, dv]``; the returned tensor is its cast to ``v``'s dtype: for half
 inputs 2 extra bytes per channel buy gradients at float32 accuracy, as ``delta = dout . out``
 cancels against ``dout . v`` in peaked windows) and ``lse`` (``[B, Nh, H, W]`` float32: 4 bytes
-per pixel and head). No ``[N, k^2, H, W]`` attention matrix (the neighborhood route stores ``k^2`` floats
-per pixel and head: 49 for ``k = 7``) and no unfolded key/value copies. Backward temporaries:
+per pixel and head). No ``[N, k^2, H, W]`` attention matrix (the neighborhood route stores
+``k^2`` floats per pixel and head: 49 for ``k = 7``) and no unfolded key/value copies. Backward temporaries:
 ``delta`` (``[B, Nh, H, W]`` float32) and the two small relative-gradient buffers; the gradients
 themselves. Work: ``4 k^2 (dk + dv)`` multiply-adds per pixel and head forward, about 3x that
 backward (the logits are recomputed in both passes); the kernels are bandwidth-bound gathers
@@ -70,6 +72,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["TRITON_AVAILABLE", "TRITON_INTERPRETED", "triton_local_attention"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_NUM_WARPS = 4
+_ELEMENTS_PER_THREAD = 4
 
 
 if TRITON_AVAILABLE:
@@ -98,10 +102,10 @@ if TRITON_AVAILABLE:
         sk0, sk1, sk2, sk3, sk4,
         sv0, sv1, sv2, sv3, sv4,
         NUM_PIX, NH, H, W, DK, DV, DH,
-        KS: tl.constexpr, HAS_REL: tl.constexpr,
+        KS, HAS_REL: tl.constexpr,
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
-        R: tl.constexpr = KS // 2
+        R = KS // 2
         hw = H * W
         # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -154,10 +158,10 @@ if TRITON_AVAILABLE:
         sv0, sv1, sv2, sv3, sv4,
         sd0, sd1, sd2, sd3, sd4,
         NUM_PIX, NH, H, W, DK, DV, DH,
-        KS: tl.constexpr, HAS_REL: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DREL: tl.constexpr,
+        KS, HAS_REL: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DREL: tl.constexpr,
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
-        R: tl.constexpr = KS // 2
+        R = KS // 2
         hw = H * W
         # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -214,10 +218,10 @@ if TRITON_AVAILABLE:
         sv0, sv1, sv2, sv3, sv4,
         sd0, sd1, sd2, sd3, sd4,
         NUM_PIX, NH, H, W, DK, DV, DH,
-        KS: tl.constexpr, HAS_REL: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
+        KS, HAS_REL: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
-        R: tl.constexpr = KS // 2
+        R = KS // 2
         hw = H * W
         # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -284,11 +288,22 @@ def _launch_config(q, v, kernel_size, rel_h, block_pixels):
     if block_pixels is None:
         if TRITON_INTERPRETED:  # programs run one after another: few large ones
             block_pixels = min(triton.next_power_of_2(num_pix), 4096)
-        else:  # about 4K float32 per [BLOCK_P, d] tile: registers for d up to 64 at 4 warps
-            block_pixels = max(16, min(128, 4096 // max(dk_pad, dv_pad)))
+        else:
+            # ptxas (sm_90, Triton 3.8) needs ~25-30 registers per [BLOCK_P, d_pad] element a
+            # thread holds: 4 per thread (~100-130 registers, no spills; 8 per thread spill).
+            block_pixels = max(1, _ELEMENTS_PER_THREAD * 32 * _NUM_WARPS // max(dk_pad, dv_pad))
     grid = (triton.cdiv(num_pix, block_pixels),)
     meta = dict(KS=kernel_size, HAS_REL=rel_h is not None, BLOCK_P=block_pixels, DK_PAD=dk_pad, DV_PAD=dv_pad)
+    meta["num_warps"] = _NUM_WARPS
     return grid, (num_pix, nh, h, w, dk, dv, dk // 2), meta
+
+
+def _rel_pointers(q, rel_h, rel_w):
+    """Contiguous ``rel_h, rel_w`` for the kernels; ``q`` stands in for absent or empty ones
+    (never read: HAS_REL is False, or ``dk = 1`` leaves ``rel_h`` no channels)."""
+    if rel_h is None:
+        return q, q
+    return (rel_h.contiguous() if rel_h.numel() else q), rel_w.contiguous()
 
 
 class _TritonLocalAttention(torch.autograd.Function):
@@ -298,8 +313,7 @@ class _TritonLocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, rel_h, rel_w, kernel_size, block_pixels):
         b, nh, h, w, _ = q.shape
         grid, dims, meta = _launch_config(q, v, kernel_size, rel_h, block_pixels)
-        rh = rel_h.contiguous() if rel_h is not None else q
-        rw = rel_w.contiguous() if rel_w is not None else q
+        rh, rw = _rel_pointers(q, rel_h, rel_w)
         # float32 even for half inputs: backward's delta = dout . out must not see out's rounding
         # (with peaked softmaxes dp - delta cancels, and a bfloat16 out costs ~5% in dq, dk, drel)
         out = torch.empty(b, nh, h, w, v.shape[-1], dtype=torch.float32, device=q.device)
@@ -315,12 +329,11 @@ class _TritonLocalAttention(torch.autograd.Function):
         need_q, need_k, need_v, need_rh, need_rw = ctx.needs_input_grad[:5]
         grid, dims, meta = _launch_config(q, v, ctx.kernel_size, rel_h, ctx.block_pixels)
         has_rel = rel_h is not None
-        rh = rel_h.contiguous() if has_rel else q
-        rw = rel_w.contiguous() if has_rel else q
+        rh, rw = _rel_pointers(q, rel_h, rel_w)
         need_rel = has_rel and (need_rh or need_rw)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else q
-        drh = torch.zeros(rh.shape, dtype=torch.float32, device=q.device) if need_rel else q
-        drw = torch.zeros(rw.shape, dtype=torch.float32, device=q.device) if need_rel else q
+        drh = torch.zeros(rel_h.shape, dtype=torch.float32, device=q.device) if need_rel else q
+        drw = torch.zeros(rel_w.shape, dtype=torch.float32, device=q.device) if need_rel else q
         delta = torch.empty_like(lse)
         _bwd_query_kernel[grid](q, k, v, rh, rw, out, grad_out, lse, delta, dq, drh, drw,
                     *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dims,
@@ -375,6 +388,10 @@ def triton_local_attention(
                 f"triton_local_attention supports {[str(d) for d in SUPPORTED_DTYPES]} (float32 "
                 f"math inside); got {name}.dtype={t.dtype} (use impl='neighborhood' for float64)"
             )
+    if block_pixels is not None and (
+        not isinstance(block_pixels, int) or block_pixels < 1 or block_pixels & (block_pixels - 1)
+    ):
+        raise ValueError(f"block_pixels must be a power of two >= 1; got {block_pixels!r}")
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"q, k, v, rel_h, rel_w must be on one device; got {sorted(map(str, devices))}")
@@ -384,8 +401,4 @@ def triton_local_attention(
             "interpreter runs the kernels (exact, slow: for tests) when TRITON_INTERPRET=1 is set "
             "before the process first imports triton"
         )
-    if block_pixels is not None and (
-        not isinstance(block_pixels, int) or block_pixels < 1 or block_pixels & (block_pixels - 1)
-    ):
-        raise ValueError(f"block_pixels must be a power of two >= 1; got {block_pixels!r}")
     return _TritonLocalAttention.apply(q, k, v, rel_h, rel_w, kernel_size, block_pixels)
