@@ -9,6 +9,7 @@ checks, plus larger maps, on a GPU when one is present (compiled kernels).
 """
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -48,8 +49,11 @@ def test_kernels_in_the_triton_interpreter():
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not cuda",
            os.path.abspath(__file__)]
     run = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, f"{' '.join(cmd)} (TRITON_INTERPRET=1) failed:\n{run.stdout[-6000:]}{run.stderr[-3000:]}"
-    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
+    log = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, f"{' '.join(cmd)} (TRITON_INTERPRET=1) failed:\n{log}"
+    passed = re.search(r"(\d+) passed", run.stdout)
+    # the CPU cases really ran there (not skipped): 10 kernel tests plus the error checks
+    assert passed is not None and int(passed.group(1)) >= 12, run.stdout[-3000:]
 
 
 def _inputs(b, nh, h, w, dk, dv, ks, device, dtype=torch.float32, seed=0, scale=1.0, channels_first=False):
@@ -138,7 +142,8 @@ HALF_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 def _assert_close_to_max(x, ref, tol, name):
     x, ref = x.detach().double().cpu(), ref.detach()
-    torch.testing.assert_close(x, ref, rtol=0, atol=tol * float(ref.abs().max()), msg=lambda m: f"{name}: {m}")
+    atol = tol * float(ref.abs().max())
+    torch.testing.assert_close(x, ref, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

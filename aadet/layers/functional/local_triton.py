@@ -48,11 +48,14 @@ in float32 (``[B, Nh, H, W, dv]``; the returned tensor is its cast to ``v``'s dt
 inputs 2 extra bytes per channel buy gradients at float32 accuracy, as ``delta = dout . out``
 cancels against ``dout . v`` in peaked windows) and ``lse`` (``[B, Nh, H, W]`` float32: 4 bytes
 per pixel and head). No ``[N, k^2, H, W]`` attention matrix (the neighborhood route stores
-``k^2`` floats per pixel and head: 49 for ``k = 7``) and no unfolded key/value copies. Backward temporaries:
-``delta`` (``[B, Nh, H, W]`` float32) and the two small relative-gradient buffers; the gradients
-themselves. Work: ``4 k^2 (dk + dv)`` multiply-adds per pixel and head forward, about 3x that
-backward (the logits are recomputed in both passes); the kernels are bandwidth-bound gathers
-(``k^2`` key/value rows per query, mostly cache hits between neighbouring queries).
+``k^2`` floats per pixel and head: 49 for ``k = 7``) and no unfolded key/value copies. Backward
+temporaries: ``delta`` (``[B, Nh, H, W]`` float32) and the two small relative-gradient buffers;
+the gradients themselves. Work per pixel and head: forward ``k^2 (dk + 2 dv)`` multiply-adds
+(logit, rescale and update of the accumulator); backward ``k^2 (5 dk + 3 dv)`` (the logits are
+recomputed in both passes). The kernels are gathers (``k^2`` key/value rows per query, mostly
+cache hits between neighbouring queries), not matmuls. Default tiles: 4 ``[BLOCK_P, d_pad]``
+elements per thread at 4 warps (ptxas for sm_90: 105-130 registers, no spills for d_pad 16-64;
+8 per thread spill). Not yet timed on a GPU.
 """
 from typing import Optional
 
