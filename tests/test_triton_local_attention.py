@@ -24,7 +24,7 @@ from aadet.layers.functional.local_triton import (
     triton_local_attention,
 )
 
-from test_local_attention import brute_force
+from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
 
 pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="needs the triton package")
 

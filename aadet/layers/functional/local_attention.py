@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_block_size, check_kernel_size, check_qkv
-from .dispatch import check_impl, is_exporting
+from .dispatch import check_impl, is_exporting, lazy_backend
 from .local_halo import halo_local_attention_fused, halo_local_attention_materialized
 from .local_neighborhood import neighborhood_local_attention
 
@@ -69,6 +69,9 @@ LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
     "neighborhood": LocalAttentionBackend(neighborhood_local_attention),
     "fused": LocalAttentionBackend(halo_local_attention_fused, blocked=True),
     "materialized": LocalAttentionBackend(halo_local_attention_materialized, blocked=True),
+    # Fused Triton kernels (:mod:`.local_triton`): online softmax over the window, q.r in-kernel,
+    # only out + logsumexp saved for backward. CUDA, or CPU under Triton's interpreter (tests).
+    "triton": LocalAttentionBackend(lazy_backend("local_triton", "triton_local_attention")),
 }
 
 #: Allowed values of ``impl`` (the one definition; the layer and the config import it).
@@ -109,7 +112,8 @@ def local_self_attention_2d(
             the ``(b + 2r)^2`` keys every query of a tile scores.
         impl: one of :data:`LOCAL_ATTENTION_IMPLS`: ``"neighborhood"`` (offset by offset,
             float32 softmax), ``"fused"`` (blocked, SDPA), ``"materialized"`` (blocked, explicit
-            float32 softmax) or ``"auto"`` (:func:`auto_local_attention_impl`).
+            float32 softmax), ``"triton"`` (fused Triton kernels; CUDA) or ``"auto"``
+            (:func:`auto_local_attention_impl`).
 
     Returns:
         ``[B, Nh, H, W, dv]``.

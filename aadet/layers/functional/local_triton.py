@@ -61,7 +61,7 @@ from typing import Optional
 
 import torch
 
-from .local_attention import _check_kernel_size, _check_qkv
+from .checks import check_kernel_size, check_qkv
 
 try:  # optional dependency: the module must import where Triton is absent
     import triton
@@ -380,8 +380,8 @@ def triton_local_attention(
     """
     if not TRITON_AVAILABLE:
         raise ValueError("triton_local_attention needs the 'triton' package (pip install triton)")
-    _check_kernel_size(kernel_size)
-    _check_qkv(q, k, v, rel_h, rel_w)
+    check_kernel_size(kernel_size)
+    check_qkv(q, k, v, rel_h, rel_w)
     if rel_h is not None and rel_h.shape[0] != kernel_size:
         raise ValueError(f"rel_h/rel_w must have kernel_size={kernel_size} rows; got {rel_h.shape[0]}")
     tensors = [t for t in (q, k, v, rel_h, rel_w) if t is not None]
