@@ -155,3 +155,8 @@ def test_removed_keys_are_gone():
     assert "QUERY_CHUNK" not in cfg.MODEL.AA
     with pytest.raises(AssertionError, match="Non-existent key: MODEL.AA.QUERY_CHUNK"):
         cfg.merge_from_list(["MODEL.AA.QUERY_CHUNK", "16"])
+
+
+def test_epoch_conversion_names_the_batch_key():
+    with pytest.raises(ConfigValueError, match=r"Config key SOLVER\.IMS_PER_BATCH must be > 0; got 0"):
+        epochs_to_iters(1, 10, 0)
