@@ -14,6 +14,7 @@ from detectron2.config import CfgNode as CN
 from .layers import (
     AA_POSITIONAL_ENCODINGS,
     LOCAL_ATTENTION_IMPLS,
+    LOGIT_TABLE_IMPLS,
     SASA_POSITIONAL_ENCODINGS,
     canonical_positional_encoding,
 )
@@ -128,6 +129,13 @@ def add_aadet_config(cfg):
     # Table 9's per-layer numbers) only come out with 20; its COCO RetinaNet counts (Table 4:
     # 33.4M -> 33.1M, i.e. fewer params) come out without it. Detection configs use 1.
     _C.MODEL.AA.MIN_DK_PER_HEAD = 1
+    # How the global attention is computed (aadet.layers.LOGIT_TABLE_IMPLS; all exact, only
+    # speed/memory differ): "fused" (relative logits folded into the dot product through SDPA:
+    # the head widens by H + W), "materialized" (explicit float32 logits), "triton" (flash
+    # attention with the row/column tables added in the kernel; CUDA), "flex" (flex_attention
+    # score_mod; backward on CUDA only), or "auto": "fused", "materialized" for float64 and
+    # while exporting. Paper: not applicable (its TF code materializes the logits).
+    _C.MODEL.AA.IMPL = "auto"
 
     # ---------------------------------------------------------------- Stand-Alone Self-Attention
     _C.MODEL.SASA = CN()
@@ -150,8 +158,9 @@ def add_aadet_config(cfg):
     # speed/memory differ, BENCHMARKS.md):
     # "neighborhood" (window offsets one at a time, stores the [k^2, H, W] attention matrix; the
     # fastest on CPU), "fused" (blocked with halos through a fused SDPA kernel, never stores the
-    # attention matrix), "materialized" (blocked, explicit float32 softmax), or "auto": "fused"
-    # on CUDA, "neighborhood" elsewhere.
+    # attention matrix), "materialized" (blocked, explicit float32 softmax), "triton" (fused
+    # Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or "auto": "fused" on
+    # CUDA, "neighborhood" elsewhere, "materialized" while exporting.
     _C.MODEL.SASA.IMPL = "auto"
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     _C.MODEL.SASA.BLOCK_SIZE = 8
@@ -203,6 +212,7 @@ def check_aa_config(cfg):
     if aa.MAX_INPUT_SIZE <= 0:
         raise config_error("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
     _check_min("MODEL.AA.MIN_DK_PER_HEAD", aa.MIN_DK_PER_HEAD, 1)
+    check_one_of("MODEL.AA.IMPL", aa.IMPL, LOGIT_TABLE_IMPLS)
 
 
 def check_sasa_config(cfg):

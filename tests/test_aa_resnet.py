@@ -270,3 +270,19 @@ def test_retinanet_parameter_counts_match_table4(config, paper_m):
     cfg = load_config(os.path.join(repo, "configs", "COCO-Detection", config), ["MODEL.DEVICE", "cpu"])
     n = sum(p.numel() for p in build_model(cfg).parameters()) / 1e6
     assert abs(n - paper_m) / paper_m < 0.02, f"{config}: {n:.2f}M vs paper {paper_m}M"
+
+
+def test_aa_impl_key_reaches_every_augmented_layer():
+    from aadet.engine import get_aadet_cfg
+    from aadet.layers import AugmentedConv2d
+    from aadet.modeling.backbone.aa_resnet import build_aa_resnet_backbone
+    from detectron2.layers import ShapeSpec
+
+    cfg = get_aadet_cfg()
+    cfg.MODEL.RESNETS.DEPTH = 18
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
+    cfg.MODEL.RESNETS.NORM = "GN"
+    cfg.MODEL.AA.IMPL = "materialized"
+    net = build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
+    impls = {m.impl for m in net.modules() if isinstance(m, AugmentedConv2d)}
+    assert impls == {"materialized"}

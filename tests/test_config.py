@@ -68,7 +68,7 @@ def test_missing_config_file_is_named(tmp_path):
         ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
         ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
         ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none', 'absolute')"),
-        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'fused', 'materialized')"),
+        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'fused', 'materialized', 'triton')"),
         ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
     ],
 )
@@ -92,7 +92,9 @@ def test_error_names_key_allowed_range_and_value(key, value, allowed):
 
 def test_allowed_values_come_from_their_owners():
     """One definition per fact: the config accepts exactly what the layers and registries do."""
-    from aadet.layers import AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_IMPLS, SASA_POSITIONAL_ENCODINGS
+    from aadet.layers import (
+        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_IMPLS, LOGIT_TABLE_IMPLS, SASA_POSITIONAL_ENCODINGS,
+    )
     from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
 
     def accepted(key, candidates):
@@ -113,6 +115,7 @@ def test_allowed_values_come_from_their_owners():
     assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + junk) \
         == list(SASA_POSITIONAL_ENCODINGS)
     assert accepted("MODEL.SASA.IMPL", list(LOCAL_ATTENTION_IMPLS) + junk) == list(LOCAL_ATTENTION_IMPLS)
+    assert accepted("MODEL.AA.IMPL", list(LOGIT_TABLE_IMPLS) + junk) == list(LOGIT_TABLE_IMPLS)
     registered = sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY)
     assert registered == ["attention", "conv"]
     assert accepted("MODEL.FPN.SPATIAL_LAYER", registered + junk) == registered

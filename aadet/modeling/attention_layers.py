@@ -40,6 +40,7 @@ def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
         max_size=max_size,
         clip_distances=bool(aa.CLIP_DISTANCES),
         min_dk_per_head=aa.MIN_DK_PER_HEAD,
+        impl=aa.IMPL,
     )
 
 
