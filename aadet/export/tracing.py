@@ -21,10 +21,9 @@ have a fixed input shape (onnxruntime rejects another size); :class:`ExportedDet
 size for TorchScript files too. Export once per input size.
 
 Attention layers trace with plain tensor ops: ``impl="auto"`` picks the materialized routes while
-tracing or exporting (no custom ``autograd.Function``, no SDPA). The blocked SASA route unfolds
-halo windows of maps whose padded size the tracer records as a function of the input's shape;
-PyTorch's ONNX symbolic of ``unfold`` needs that size as a constant, so :func:`export_model`
-exports ``unfold`` as one ``Gather`` with computed indices instead (:func:`_unfold_as_gather`).
+tracing or exporting (no custom ``autograd.Function``, no SDPA, halo windows gathered with
+``index_select``; :func:`aadet.layers.functional.is_exporting`). The export is PyTorch's
+TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
 """
 import contextlib
 import json
@@ -56,9 +55,9 @@ logger = logging.getLogger(__name__)
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 FILE_NAMES = {"torchscript": "model.ts", "onnx": "model.onnx"}
-# ONNX opsets the export is tested with (tests/test_export.py): 13 is the first with the ops
-# the traced graph needs everywhere (NonMaxSuppression 11, Einsum 12, Unsqueeze-with-axes-input
-# 13); 20 is the newest PyTorch's TorchScript-based exporter writes.
+# ONNX opsets the export is tested with (tests/test_export.py: both ends on the AA model, the
+# default on all four demo architectures). The graph needs NonMaxSuppression (11) and Einsum (12);
+# 20 is the newest opset PyTorch's TorchScript-based exporter writes.
 ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
@@ -112,43 +111,6 @@ def sample_input(cfg, image: Optional[np.ndarray] = None, size: Optional[Sequenc
             raise ValueError(f"image must be [H, W, 3] uint8; got {image.shape} {image.dtype}")
         image = predictor_resize(cfg).get_transform(image).apply_image(image)
     return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)).astype("float32"))
-
-
-# ----------------------------------------------------------------------------- ONNX symbolics
-def _unfold_as_gather(g, input, dimension, size, step):
-    """``aten::unfold`` as ``Gather(input, starts[:, None] + arange(size), axis=dimension)``,
-    the window axis moved last: the sizes may be computed in the graph (PyTorch's symbolic needs
-    the unfolded axis' length as a constant)."""
-    from torch.onnx import symbolic_helper as sh
-
-    rank = sh._get_tensor_rank(input)
-    if rank is None:
-        raise RuntimeError("ONNX export of unfold needs the input's rank")
-    dim = int(sh._maybe_get_const(dimension, "i"))
-    dim = dim + rank if dim < 0 else dim
-
-    def i64(value):
-        return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
-
-    size = g.op("Cast", size, to_i=7)  # int64
-    step = g.op("Cast", step, to_i=7)
-    length = g.op("Gather", g.op("Shape", input), i64(dim), axis_i=0)
-    count = g.op("Add", g.op("Div", g.op("Sub", length, size), step), i64(1))  # windows
-    starts = g.op("Mul", g.op("Range", i64(0), count, i64(1)), step)  # [count]
-    index = g.op("Add", sh._unsqueeze_helper(g, starts, [1]), g.op("Range", i64(0), size, i64(1)))
-    out = g.op("Gather", input, index, axis_i=dim)  # [..., count, size, ...]
-    perm = list(range(rank + 1))
-    perm.append(perm.pop(dim + 1))
-    return g.op("Transpose", out, perm_i=perm)  # [..., count, ..., size]
-
-
-@contextlib.contextmanager
-def _export_symbolics(opset: int):
-    torch.onnx.register_custom_op_symbolic("aten::unfold", _unfold_as_gather, opset)
-    try:
-        yield
-    finally:
-        torch.onnx.unregister_custom_op_symbolic("aten::unfold", opset)
 
 
 # ----------------------------------------------------------------------------- export
@@ -216,16 +178,15 @@ def export_model(
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(adapter, (image,), check_trace=False), tmp)
         else:
-            with _export_symbolics(opset):
-                torch.onnx.export(
-                    adapter,
-                    (image,),
-                    tmp,
-                    dynamo=False,  # Detectron2's route: trace, then the TorchScript exporter
-                    opset_version=opset,
-                    input_names=["image"],
-                    output_names=list(OUTPUT_NAMES),
-                )
+            torch.onnx.export(
+                adapter,
+                (image,),
+                tmp,
+                dynamo=False,  # Detectron2's route: trace, then the TorchScript exporter
+                opset_version=opset,
+                input_names=["image"],
+                output_names=list(OUTPUT_NAMES),
+            )
     os.replace(tmp, path)
     _write_metadata(cfg, path, fmt, tuple(image.shape[1:]), opset)
     logger.info("wrote %s (%s, input [3, %d, %d])", path, fmt, *image.shape[1:])
