@@ -35,5 +35,9 @@ setup(
         "hydra-core>=1.1",
         "packaging",
     ],
-    extras_require={"dev": ["pytest>=7"]},
+    extras_require={
+        "dev": ["pytest>=7", "onnx>=1.15", "onnxruntime>=1.17"],
+        # tools/export_model.py: ONNX files and running them (TorchScript needs nothing extra)
+        "export": ["onnx>=1.15", "onnxruntime>=1.17"],
+    },
 )

@@ -7,16 +7,43 @@ Papers:
   AA   -- Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019.
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
 """
+import logging
+
 from detectron2.config import CfgNode as CN
 
-__all__ = ["add_aadet_config", "validate_aadet_config", "ConfigValueError"]
+from .layers import (
+    AA_POSITIONAL_ENCODINGS,
+    LOCAL_ATTENTION_IMPLS,
+    LOGIT_TABLE_IMPLS,
+    SASA_POSITIONAL_ENCODINGS,
+    canonical_positional_encoding,
+)
+from .layers.local_attention import DEPRECATED_POSITIONAL_ENCODINGS
 
+__all__ = [
+    "add_aadet_config",
+    "validate_aadet_config",
+    "ConfigValueError",
+    "config_error",
+    "check_one_of",
+    "check_subset",
+    "check_aa_config",
+    "check_sasa_config",
+    "STAGE_NAMES",
+    "NORMS",
+    "P6P7_SOURCES",
+    "SASA_STEMS",
+]
+
+logger = logging.getLogger(__name__)
+
+# The allowed values of aadet's keys that no layer owns (the layers' own lists -- positional
+# encodings, implementations -- are imported above: one definition each).
+STAGE_NAMES = ("res2", "res3", "res4", "res5")  # ResNet stages a key may name
 # Norm names understood by detectron2.layers.get_norm (plus "" for none).
-_NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
-_POS_AA = ("relative", "none", "sine2d", "coordconv")
-_POS_SASA = ("relative", "absolute", "none")
-_SASA_IMPLS = ("auto", "neighborhood", "fused", "materialized")
-_STAGES = ("res2", "res3", "res4", "res5")
+NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
+P6P7_SOURCES = ("res5", "p5")  # MODEL.FPN.P6P7_SOURCE
+SASA_STEMS = ("conv", "attention")  # MODEL.SASA.STEM
 
 
 class ConfigValueError(ValueError):
@@ -65,12 +92,13 @@ def add_aadet_config(cfg):
     # Where FPN's P6/P7 come from: "res5" (Detectron2's RetinaNet) or "p5" (the RetinaNet of the
     # AA paper's codebase, TF-TPU RetinaNet).
     _C.MODEL.FPN.P6P7_SOURCE = "p5"
-    # Which layer makes FPN's output (3x3 after the merge) and P6/P7 (stride-2 3x3): "conv" or
+    # Which layer makes FPN's output (3x3 after the merge) and P6/P7 (stride-2 3x3): a name in
+    # FPN_SPATIAL_LAYER_REGISTRY (aadet/modeling/backbone/fpn.py): "conv" (Detectron2's FPN) or
     # "attention" (SASA's attentional FPN, uses MODEL.SASA.* for the attention layers).
     _C.MODEL.FPN.SPATIAL_LAYER = "conv"
     # With SPATIAL_LAYER "attention": also make P6/P7's stride-2 3x3 convs local attention. Off by
     # default: with it the all-attention RetinaNet has 1.2M fewer params than SASA's Table 2
-    # (22.0M); without it we are within 0.35M (see aadet/modeling/attention_fpn.py).
+    # (22.0M); without it we are within 0.35M (see aadet/modeling/backbone/attention_fpn.py).
     _C.MODEL.FPN.ATTENTION_TOP_BLOCK = False
     # The RetinaNet head, from aadet's RETINANET_HEAD_REGISTRY: "RetinaNetHead" (Detectron2's) or
     # "AttentionRetinaNetHead" (SASA: the towers' 3x3 convs are local attention).
@@ -85,7 +113,8 @@ def add_aadet_config(cfg):
     _C.MODEL.AA.KAPPA = 0.2
     _C.MODEL.AA.NU = 0.1
     _C.MODEL.AA.NUM_HEADS = 8  # paper: 8
-    # "relative" (paper), "none", "sine2d", "coordconv" (paper's ablation, Tables 6-7).
+    # aadet.layers.AA_POSITIONAL_ENCODINGS: "relative" (paper), "none", "sine2d", "coordconv"
+    # (paper's ablation, Tables 6-7).
     _C.MODEL.AA.POSITIONAL_ENCODING = "relative"
     # Stages where attention runs on a 3x3/2 average-pooled input, bilinearly upsampled back
     # (paper: only the first augmented stage). () = full resolution everywhere.
@@ -95,20 +124,26 @@ def add_aadet_config(cfg):
     # unless CLIP_DISTANCES, which clips relative distances to the table (as in Shaw et al.).
     _C.MODEL.AA.MAX_INPUT_SIZE = 1024
     _C.MODEL.AA.CLIP_DISTANCES = False
-    # Queries per chunk in the exact materialized fallback (CPU/no fused kernel): bounds peak
-    # memory to about B*Nh*QUERY_CHUNK*H*W floats. 0 = all at once.
-    _C.MODEL.AA.QUERY_CHUNK = 1024
     # Minimum key depth per head: dk = max(rounded kappa * Fout, MIN_DK_PER_HEAD * NUM_HEADS).
     # The paper states 20 for its CIFAR models, and its ImageNet parameter counts (Table 2, and
     # Table 9's per-layer numbers) only come out with 20; its COCO RetinaNet counts (Table 4:
     # 33.4M -> 33.1M, i.e. fewer params) come out without it. Detection configs use 1.
     _C.MODEL.AA.MIN_DK_PER_HEAD = 1
+    # How the global attention is computed (aadet.layers.LOGIT_TABLE_IMPLS; all exact, only
+    # speed/memory differ): "fused" (relative logits folded into the dot product through SDPA:
+    # the head widens by H + W), "materialized" (explicit float32 logits), "triton" (flash
+    # attention with the row/column tables added in the kernel; CUDA), "flex" (flex_attention
+    # score_mod; backward on CUDA only), or "auto": "fused", "materialized" for float64 and
+    # while exporting. Paper: not applicable (its TF code materializes the logits).
+    _C.MODEL.AA.IMPL = "auto"
 
     # ---------------------------------------------------------------- Stand-Alone Self-Attention
     _C.MODEL.SASA = CN()
     _C.MODEL.SASA.KERNEL_SIZE = 7  # spatial extent k (paper: 7), odd
     _C.MODEL.SASA.NUM_HEADS = 8  # paper: 8
-    # "relative" (paper), "absolute" (2D sine), "none": paper Table 5.
+    # aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine encoding,
+    # as MODEL.AA's), "none": paper Table 5. "absolute" is a deprecated spelling of "sine2d"
+    # (accepted with a warning; validate_aadet_config rewrites it).
     _C.MODEL.SASA.POSITIONAL_ENCODING = "relative"
     # Stages whose spatial (3x3) convolution is replaced by local attention. Paper Table 1/2:
     # all four; Table 3 explores e.g. ("res4", "res5").
@@ -119,109 +154,170 @@ def add_aadet_config(cfg):
     _C.MODEL.SASA.STEM_MIXTURES = 4  # m value matrices mixed per position
     _C.MODEL.SASA.STEM_NUM_HEADS = 1  # heads of the stem attention
     _C.MODEL.SASA.STEM_BLOCK_SIZE = 4  # attention within each 4x4 block, then 4x4 max pooling
-    # How local attention is computed (all exact; only speed/memory differ, BENCHMARKS.md):
+    # How local attention is computed (aadet.layers.LOCAL_ATTENTION_IMPLS; all exact, only
+    # speed/memory differ, BENCHMARKS.md):
     # "neighborhood" (window offsets one at a time, stores the [k^2, H, W] attention matrix; the
     # fastest on CPU), "fused" (blocked with halos through a fused SDPA kernel, never stores the
-    # attention matrix), "materialized" (blocked, explicit float32 softmax), or "auto": "fused"
-    # on CUDA, "neighborhood" elsewhere.
+    # attention matrix), "materialized" (blocked, explicit float32 softmax), "triton" (fused
+    # Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or "auto": "fused" on
+    # CUDA, "neighborhood" elsewhere, "materialized" while exporting.
     _C.MODEL.SASA.IMPL = "auto"
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     _C.MODEL.SASA.BLOCK_SIZE = 8
     return cfg
 
 
-def _err(key, allowed, given):
+
+
+def config_error(key: str, allowed: str, given) -> ConfigValueError:
+    """The one error of a bad config value: names ``key``, the allowed range and the value."""
     return ConfigValueError(f"Config key {key} must be {allowed}; got {given!r}.")
 
 
-def _check_stages(key, value):
-    bad = [s for s in value if s not in _STAGES]
-    if bad:
-        raise _err(key, f"a subset of {_STAGES}", tuple(value))
+def check_one_of(key: str, value, allowed, note: str = ""):
+    """Raise :class:`ConfigValueError` unless ``value in allowed``."""
+    if value not in allowed:
+        raise config_error(key, f"one of {tuple(allowed)}{note}", value)
+
+
+def check_subset(key: str, values, allowed):
+    """Raise :class:`ConfigValueError` unless every element of ``values`` is in ``allowed``."""
+    if any(v not in allowed for v in values):
+        raise config_error(key, f"a subset of {tuple(allowed)}", tuple(values))
+
+
+def _check_min(key: str, value, minimum):
+    if value < minimum:
+        raise config_error(key, f">= {minimum}", value)
+
+
+def _check_range_pair(key: str, value):
+    lo_hi = tuple(value)
+    if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
+        raise config_error(key, "(min, max) with 0 < min <= max", lo_hi)
+
+
+def check_aa_config(cfg):
+    """Check the ``MODEL.AA.*`` keys (called by :func:`validate_aadet_config` and by the AA-ResNet
+    builder, so a backbone built without validation fails the same way)."""
+    aa = cfg.MODEL.AA
+    check_subset("MODEL.AA.STAGES", aa.STAGES, STAGE_NAMES)
+    check_subset("MODEL.AA.DOWNSAMPLE_STAGES", aa.DOWNSAMPLE_STAGES, STAGE_NAMES)
+    if not 0.0 < aa.KAPPA <= 1.0:
+        raise config_error("MODEL.AA.KAPPA", "in (0, 1]", aa.KAPPA)
+    if not 0.0 < aa.NU < 1.0:
+        raise config_error("MODEL.AA.NU", "in (0, 1) (dv < Fout: some conv channels remain)", aa.NU)
+    _check_min("MODEL.AA.NUM_HEADS", aa.NUM_HEADS, 1)
+    check_one_of("MODEL.AA.POSITIONAL_ENCODING", aa.POSITIONAL_ENCODING, AA_POSITIONAL_ENCODINGS)
+    if aa.MAX_INPUT_SIZE <= 0:
+        raise config_error("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
+    _check_min("MODEL.AA.MIN_DK_PER_HEAD", aa.MIN_DK_PER_HEAD, 1)
+    check_one_of("MODEL.AA.IMPL", aa.IMPL, LOGIT_TABLE_IMPLS)
+
+
+def check_sasa_config(cfg):
+    """Check the ``MODEL.SASA.*`` keys (called by :func:`validate_aadet_config`, the SASA-ResNet
+    builder and :func:`aadet.modeling.attention_layers.sasa_layer_kwargs`).
+
+    The deprecated ``POSITIONAL_ENCODING`` spellings (``"absolute"``) are accepted here; use
+    :func:`sasa_positional_encoding` for the value the layers get.
+    """
+    sa = cfg.MODEL.SASA
+    check_subset("MODEL.SASA.STAGES", sa.STAGES, STAGE_NAMES)
+    if sa.KERNEL_SIZE < 1 or sa.KERNEL_SIZE % 2 == 0:
+        raise config_error("MODEL.SASA.KERNEL_SIZE", "an odd integer >= 1", sa.KERNEL_SIZE)
+    _check_min("MODEL.SASA.NUM_HEADS", sa.NUM_HEADS, 1)
+    check_one_of(
+        "MODEL.SASA.POSITIONAL_ENCODING",
+        sa.POSITIONAL_ENCODING,
+        SASA_POSITIONAL_ENCODINGS + tuple(DEPRECATED_POSITIONAL_ENCODINGS),
+        f" (deprecated: {DEPRECATED_POSITIONAL_ENCODINGS})",
+    )
+    check_one_of("MODEL.SASA.STEM", sa.STEM, SASA_STEMS)
+    _check_min("MODEL.SASA.STEM_MIXTURES", sa.STEM_MIXTURES, 1)
+    _check_min("MODEL.SASA.STEM_NUM_HEADS", sa.STEM_NUM_HEADS, 1)
+    _check_min("MODEL.SASA.STEM_BLOCK_SIZE", sa.STEM_BLOCK_SIZE, 1)
+    _check_min("MODEL.SASA.BLOCK_SIZE", sa.BLOCK_SIZE, 1)
+    check_one_of("MODEL.SASA.IMPL", sa.IMPL, LOCAL_ATTENTION_IMPLS)
+
+
+def sasa_positional_encoding(cfg) -> str:
+    """``MODEL.SASA.POSITIONAL_ENCODING`` with a deprecated spelling replaced by its current name
+    (``"absolute"`` -> ``"sine2d"``), logged and warned (``DeprecationWarning``)."""
+    name = cfg.MODEL.SASA.POSITIONAL_ENCODING
+    if name not in DEPRECATED_POSITIONAL_ENCODINGS:
+        return name
+    key = "MODEL.SASA.POSITIONAL_ENCODING"
+    new = canonical_positional_encoding(name, owner=key)  # warns (DeprecationWarning)
+    # DeprecationWarnings are hidden by default outside __main__: log it too.
+    logger.warning(f"Config key {key}={name!r} is deprecated; using {new!r} (same encoding).")
+    return new
+
+
+def _check_fpn_and_head(cfg):
+    # Registries are filled when aadet.modeling is imported (aadet/__init__.py does); importing
+    # them here, not at module level, keeps aadet.config free of the models.
+    from .modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
+    from .modeling.meta_arch.retinanet import RETINANET_HEAD_REGISTRY
+
+    check_one_of("MODEL.FPN.P6P7_SOURCE", cfg.MODEL.FPN.P6P7_SOURCE, P6P7_SOURCES)
+    check_one_of(
+        "MODEL.FPN.SPATIAL_LAYER",
+        cfg.MODEL.FPN.SPATIAL_LAYER,
+        sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY),
+        " (names in FPN_SPATIAL_LAYER_REGISTRY)",
+    )
+    check_one_of(
+        "MODEL.RETINANET.HEAD_NAME",
+        cfg.MODEL.RETINANET.HEAD_NAME,
+        sorted(name for name, _ in RETINANET_HEAD_REGISTRY),
+        " (names in RETINANET_HEAD_REGISTRY)",
+    )
 
 
 def validate_aadet_config(cfg):
-    """Check every aadet key (and the Detectron2 keys our recipe relies on).
+    """Check every aadet key (and the Detectron2 keys our recipe relies on): the one place where
+    allowed ranges are checked; backbones call its ``check_*`` helpers for their keys.
+
+    A deprecated ``MODEL.SASA.POSITIONAL_ENCODING`` (``"absolute"``) is rewritten to its current
+    name (``"sine2d"``) with a warning, unless ``cfg`` is frozen.
 
     Raises:
         ConfigValueError: naming the key, the allowed range and the given value.
     """
     for key in ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.RETINANET.NORM"):
-        node, name = cfg, key.split(".")
-        for n in name:
-            node = node.get(n) if hasattr(node, "get") else None
-        if node is not None and node not in _NORMS:
-            raise _err(key, f"one of {_NORMS}", node)
+        node = cfg
+        for name in key.split("."):
+            node = node.get(name) if hasattr(node, "get") else None
+        if node is not None:
+            check_one_of(key, node, NORMS)
 
     sj = cfg.INPUT.SCALE_JITTER
-    lo_hi = tuple(sj.LONG_SIDE_RANGE)
-    if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
-        raise _err("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", "(min, max) with 0 < min <= max", lo_hi)
+    _check_range_pair("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", sj.LONG_SIDE_RANGE)
     if int(sj.CROP_SIZE) <= 0:
-        raise _err("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
+        raise config_error("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
     if not 0.0 <= float(sj.FLIP_PROB) <= 1.0:
-        raise _err("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
-
+        raise config_error("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
     for key in ("BRIGHTNESS", "CONTRAST"):
-        lo_hi = tuple(cfg.INPUT.PHOTOMETRIC[key])
-        if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
-            raise _err(f"INPUT.PHOTOMETRIC.{key}", "(min, max) with 0 < min <= max", lo_hi)
+        _check_range_pair(f"INPUT.PHOTOMETRIC.{key}", cfg.INPUT.PHOTOMETRIC[key])
 
     s = cfg.SOLVER
     if s.EPOCHS < 0:
-        raise _err("SOLVER.EPOCHS", ">= 0 (0 = use SOLVER.MAX_ITER)", s.EPOCHS)
+        raise config_error("SOLVER.EPOCHS", ">= 0 (0 = use SOLVER.MAX_ITER)", s.EPOCHS)
     if s.EPOCHS == 0 and len(s.STEPS_EPOCHS):
-        raise _err("SOLVER.STEPS_EPOCHS", "empty unless SOLVER.EPOCHS > 0", tuple(s.STEPS_EPOCHS))
+        raise config_error("SOLVER.STEPS_EPOCHS", "empty unless SOLVER.EPOCHS > 0", tuple(s.STEPS_EPOCHS))
     if s.EPOCHS > 0 and any(not (0 < e <= s.EPOCHS) for e in s.STEPS_EPOCHS):
-        raise _err("SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS))
-    if s.LOG_PERIOD < 1:
-        raise _err("SOLVER.LOG_PERIOD", ">= 1", s.LOG_PERIOD)
-    if s.WARMUP_EPOCHS < 0:
-        raise _err("SOLVER.WARMUP_EPOCHS", ">= 0", s.WARMUP_EPOCHS)
+        raise config_error(
+            "SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS)
+        )
+    _check_min("SOLVER.LOG_PERIOD", s.LOG_PERIOD, 1)
+    _check_min("SOLVER.WARMUP_EPOCHS", s.WARMUP_EPOCHS, 0)
     if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
-        raise _err("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)
+        raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)
 
-    if cfg.MODEL.FPN.P6P7_SOURCE not in ("res5", "p5"):
-        raise _err("MODEL.FPN.P6P7_SOURCE", "'res5' or 'p5'", cfg.MODEL.FPN.P6P7_SOURCE)
-    if cfg.MODEL.FPN.SPATIAL_LAYER not in ("conv", "attention"):
-        raise _err("MODEL.FPN.SPATIAL_LAYER", "'conv' or 'attention'", cfg.MODEL.FPN.SPATIAL_LAYER)
-
-    aa = cfg.MODEL.AA
-    _check_stages("MODEL.AA.STAGES", aa.STAGES)
-    _check_stages("MODEL.AA.DOWNSAMPLE_STAGES", aa.DOWNSAMPLE_STAGES)
-    if not 0.0 < aa.KAPPA <= 1.0:
-        raise _err("MODEL.AA.KAPPA", "in (0, 1]", aa.KAPPA)
-    if not 0.0 < aa.NU < 1.0:
-        raise _err("MODEL.AA.NU", "in (0, 1) (dv < Fout: some conv channels remain)", aa.NU)
-    if aa.NUM_HEADS < 1:
-        raise _err("MODEL.AA.NUM_HEADS", ">= 1", aa.NUM_HEADS)
-    if aa.POSITIONAL_ENCODING not in _POS_AA:
-        raise _err("MODEL.AA.POSITIONAL_ENCODING", f"one of {_POS_AA}", aa.POSITIONAL_ENCODING)
-    if aa.MAX_INPUT_SIZE <= 0:
-        raise _err("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
-    if aa.MIN_DK_PER_HEAD < 1:
-        raise _err("MODEL.AA.MIN_DK_PER_HEAD", ">= 1", aa.MIN_DK_PER_HEAD)
-    if aa.QUERY_CHUNK < 0:
-        raise _err("MODEL.AA.QUERY_CHUNK", ">= 0", aa.QUERY_CHUNK)
-
-    sa = cfg.MODEL.SASA
-    _check_stages("MODEL.SASA.STAGES", sa.STAGES)
-    if sa.KERNEL_SIZE < 1 or sa.KERNEL_SIZE % 2 == 0:
-        raise _err("MODEL.SASA.KERNEL_SIZE", "an odd integer >= 1", sa.KERNEL_SIZE)
-    if sa.NUM_HEADS < 1:
-        raise _err("MODEL.SASA.NUM_HEADS", ">= 1", sa.NUM_HEADS)
-    if sa.POSITIONAL_ENCODING not in _POS_SASA:
-        raise _err("MODEL.SASA.POSITIONAL_ENCODING", f"one of {_POS_SASA}", sa.POSITIONAL_ENCODING)
-    if sa.STEM not in ("conv", "attention"):
-        raise _err("MODEL.SASA.STEM", "'conv' or 'attention'", sa.STEM)
-    if sa.STEM_MIXTURES < 1:
-        raise _err("MODEL.SASA.STEM_MIXTURES", ">= 1", sa.STEM_MIXTURES)
-    if sa.STEM_NUM_HEADS < 1:
-        raise _err("MODEL.SASA.STEM_NUM_HEADS", ">= 1", sa.STEM_NUM_HEADS)
-    if sa.STEM_BLOCK_SIZE < 1:
-        raise _err("MODEL.SASA.STEM_BLOCK_SIZE", ">= 1", sa.STEM_BLOCK_SIZE)
-    if sa.BLOCK_SIZE < 1:
-        raise _err("MODEL.SASA.BLOCK_SIZE", ">= 1", sa.BLOCK_SIZE)
-    if sa.IMPL not in _SASA_IMPLS:
-        raise _err("MODEL.SASA.IMPL", f"one of {_SASA_IMPLS}", sa.IMPL)
+    _check_fpn_and_head(cfg)
+    check_aa_config(cfg)
+    check_sasa_config(cfg)
+    if not cfg.is_frozen():
+        cfg.MODEL.SASA.POSITIONAL_ENCODING = sasa_positional_encoding(cfg)
     return cfg

@@ -9,36 +9,17 @@ from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling.backbone.resnet import BasicStem
 
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.functional.local_attention import (
+from aadet.layers.functional.blocks import (
     block_attention,
     block_padding_mask,
     block_self_attention_2d,
     blocks_to_map,
     map_to_blocks,
 )
+from aadet.layers.functional.reference import block_self_attention_2d_reference as brute_block_attention
 from aadet.layers.local_attention import merge_heads, split_heads
 
 D = torch.float64
-
-
-def brute_block_attention(q, k, v, rel_h, rel_w, b):
-    """Every pixel attends to the in-map pixels of its own b x b block (float64, pixel loop)."""
-    bsz, nh, h, w, dk = q.shape
-    out = torch.zeros(bsz, nh, h, w, v.shape[-1], dtype=D)
-    for bi, n, y, x in itertools.product(range(bsz), range(nh), range(h), range(w)):
-        y0, x0 = y // b * b, x // b * b
-        logits, values = [], []
-        for yy in range(y0, min(h, y0 + b)):
-            for xx in range(x0, min(w, x0 + b)):
-                logit = q[bi, n, y, x].double() @ k[bi, n, yy, xx].double()
-                if rel_h is not None:
-                    logit = logit + q[bi, n, y, x, : dk // 2].double() @ rel_h[yy - y + b - 1].double()
-                    logit = logit + q[bi, n, y, x, dk // 2:].double() @ rel_w[xx - x + b - 1].double()
-                logits.append(logit)
-                values.append(v[bi, n, yy, xx].double())
-        p = torch.softmax(torch.stack(logits), 0)
-        out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
-    return out
 
 
 @pytest.mark.parametrize("h,w,b", [(5, 7, 4), (9, 4, 3), (3, 2, 4), (8, 8, 4), (4, 6, 1)])
@@ -225,3 +206,6 @@ def test_flop_count_formula():
     assert f["content_logits"] == f["weighted_sum"] == n * 16 * 64
     assert f["relative_logits"] == n * 4 * 64  # b row + b column offsets of dkh / 2
     assert f["total"] == 55_296 + 12_288 + 2 * 98_304 + 24_576
+    f2 = stem.flop_count((8, 12), batch=2)  # the b^2 mixed value matrices: once per call
+    assert f2["value_mixing"] == f["value_mixing"]
+    assert f2["total"] == 2 * f["total"] - f["value_mixing"]

@@ -308,3 +308,33 @@ def test_position_encodings():
         sine_2d(2, 2, 0)
     with pytest.raises(ValueError, match="h and w must be >= 1"):
         coord_channels(0, 2)
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def test_flop_count_formula():
+    m = AugmentedConv2d(8, 32, 3, stride=2, dk=16, dv=8, num_heads=4, groups=2, max_size=16,
+                        positional_encoding="coordconv")
+    f = m.flop_count((11, 9), batch=2)
+    ho, wo, n = 6, 5, 30  # "same" conv of stride 2; attention on the output grid
+    assert f["conv"] == 2 * ho * wo * (8 // 2) * 24 * 9
+    assert f["projections"] == 2 * (n * (8 + 3) * (2 * 16 + 8) + n * 8 * 8)  # qkv, output 1x1
+    assert f["content_logits"] == 2 * n * n * 16
+    assert f["relative_logits"] == 0  # coordconv: no relative logits
+    assert f["weighted_sum"] == 2 * n * n * 8
+    assert f["total"] == sum(v for key, v in f.items() if key != "total") == 125_280
+    rel = AugmentedConv2d(8, 32, 3, dk=16, dv=8, num_heads=4, max_size=16,
+                          attention_downsample=True)
+    g = rel.flop_count((11, 9))
+    h, w = 6, 5  # the conv's 11x9 output average pooled 3x3/2
+    assert g["relative_logits"] == h * w * (h + w) * 16
+    assert rel.implementation_flop_count((11, 9)) == (
+        4 * 900 * (4 + 2 + 11) + 4 * 30 * (11 + 9) * 4)  # logits with h + w extra dims, tables
+
+
+def test_flop_count_agrees_with_fvcore_on_the_convolutions():
+    from aadet.analysis import count_flops
+
+    m = AugmentedConv2d(8, 32, 3, stride=2, dk=16, dv=8, num_heads=4, groups=2, max_size=16,
+                        positional_encoding="coordconv").eval()
+    report = count_flops(m, torch.randn(2, 8, 11, 9))  # convs traced, attention by formula
+    assert report.total == m.flop_count((11, 9), batch=2)["total"]

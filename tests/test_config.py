@@ -60,3 +60,106 @@ def test_epoch_steps_must_lie_inside_training():
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         load_config(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize(
+    "key,value,allowed",
+    [
+        ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
+        ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
+        ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none', 'absolute')"),
+        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'fused', 'materialized', 'triton')"),
+        ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
+    ],
+)
+def test_error_names_key_allowed_range_and_value(key, value, allowed):
+    """The message has all three parts; the allowed lists are the layers'/registries' own."""
+    cfg = get_aadet_cfg()
+    cfg.merge_from_list([key, str(value)] if isinstance(value, str) else [])
+    if not isinstance(value, str):
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    with pytest.raises(ConfigValueError) as info:
+        validate_aadet_config(cfg)
+    msg = str(info.value)
+    assert msg.startswith(f"Config key {key} must be ")
+    assert allowed in msg and repr(value) in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_allowed_values_come_from_their_owners():
+    """One definition per fact: the config accepts exactly what the layers and registries do."""
+    from aadet.layers import (
+        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_IMPLS, LOGIT_TABLE_IMPLS, SASA_POSITIONAL_ENCODINGS,
+    )
+    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
+
+    def accepted(key, candidates):
+        ok = []
+        for value in candidates:
+            cfg = get_aadet_cfg()
+            cfg.merge_from_list([key, value])
+            try:
+                validate_aadet_config(cfg)
+                ok.append(value)
+            except ConfigValueError:
+                pass
+        return ok
+
+    junk = ["", "Relative", "absolute2d", "conv2"]
+    assert accepted("MODEL.AA.POSITIONAL_ENCODING", list(AA_POSITIONAL_ENCODINGS) + ["absolute"] + junk) \
+        == list(AA_POSITIONAL_ENCODINGS)
+    assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + junk) \
+        == list(SASA_POSITIONAL_ENCODINGS)
+    assert accepted("MODEL.SASA.IMPL", list(LOCAL_ATTENTION_IMPLS) + junk) == list(LOCAL_ATTENTION_IMPLS)
+    assert accepted("MODEL.AA.IMPL", list(LOGIT_TABLE_IMPLS) + junk) == list(LOGIT_TABLE_IMPLS)
+    registered = sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY)
+    assert registered == ["attention", "conv"]
+    assert accepted("MODEL.FPN.SPATIAL_LAYER", registered + junk) == registered
+
+
+def test_a_newly_registered_spatial_layer_is_accepted():
+    """MODEL.FPN.SPATIAL_LAYER follows the registry, not a list of its own."""
+    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
+
+    cfg = get_aadet_cfg()
+    cfg.MODEL.FPN.SPATIAL_LAYER = "test_identity_layer"
+    with pytest.raises(ConfigValueError, match="MODEL.FPN.SPATIAL_LAYER"):
+        validate_aadet_config(cfg)
+
+    @FPN_SPATIAL_LAYER_REGISTRY.register("test_identity_layer")
+    def keep_everything(fpn, cfg):
+        return fpn
+
+    try:
+        assert FPN_SPATIAL_LAYER_REGISTRY.get("test_identity_layer") is keep_everything
+        validate_aadet_config(cfg)
+    finally:
+        FPN_SPATIAL_LAYER_REGISTRY._obj_map.pop("test_identity_layer")  # test cleanup only
+
+
+def test_sasa_absolute_is_deprecated_and_means_sine2d(caplog):
+    cfg = get_aadet_cfg()
+    cfg.MODEL.SASA.POSITIONAL_ENCODING = "absolute"
+    with pytest.warns(DeprecationWarning, match="'absolute' is deprecated.*'sine2d'"):
+        validate_aadet_config(cfg)
+    assert cfg.MODEL.SASA.POSITIONAL_ENCODING == "sine2d"
+    assert any("MODEL.SASA.POSITIONAL_ENCODING='absolute' is deprecated" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_removed_keys_are_gone():
+    """MODEL.AA.QUERY_CHUNK reached no code path a config could select: removed, and a YAML that
+    still sets it is an error (yacs: non-existent key)."""
+    cfg = get_aadet_cfg()
+    assert "QUERY_CHUNK" not in cfg.MODEL.AA
+    with pytest.raises(AssertionError, match="Non-existent key: MODEL.AA.QUERY_CHUNK"):
+        cfg.merge_from_list(["MODEL.AA.QUERY_CHUNK", "16"])
+
+
+def test_epoch_conversion_names_the_batch_key():
+    with pytest.raises(ConfigValueError, match=r"Config key SOLVER\.IMS_PER_BATCH must be > 0; got 0"):
+        epochs_to_iters(1, 10, 0)

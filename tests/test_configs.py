@@ -1,5 +1,6 @@
-"""Every YAML in configs/ loads, validates, builds its model and runs a forward pass: a broken
-config never ships (after Detectron2's projects/DensePose/tests/common.py)."""
+"""Every YAML in configs/ (the ``_BASE_`` files included) loads, validates, builds its model and
+runs a forward pass: a broken config never ships (after Detectron2's
+projects/DensePose/tests/common.py)."""
 import glob
 import os
 
@@ -14,12 +15,39 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
     os.path.relpath(p, REPO)
     for p in glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)
-    if not os.path.basename(p).startswith("Base-")
 )
+# Written out so that a config lost from the tree (or a glob that stops finding some) fails here;
+# a new config must be added to this list.
+EXPECTED = [
+    "configs/Base-RetinaNet-Scratch.yaml",
+    "configs/COCO-Detection/aa_retinanet_R_101_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep_pos_coordconv.yaml",
+    "configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep_pos_none.yaml",
+    "configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep_pos_sine2d.yaml",
+    "configs/COCO-Detection/retinanet_R_101_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/retinanet_R_50_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/sasa_attnstem_retinanet_R_50_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep.yaml",
+    "configs/COCO-Detection/sasa_convstem_retinanet_R_50_FPN_scratch_150ep.yaml",
+    "configs/COCO-Detection/sasa_convstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep.yaml",
+    "configs/Demo/Base-Trees.yaml",
+    "configs/Demo/trees_AA_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
+    "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
+]
 
 
-def test_there_are_configs():
-    assert len(CONFIGS) >= 3
+def test_every_config_is_found():
+    """The glob finds exactly the configs in the tree (no .yml, no misplaced file)."""
+    assert CONFIGS == EXPECTED
+    every_file = {
+        os.path.relpath(os.path.join(d, f), REPO)
+        for d, _, files in os.walk(os.path.join(REPO, "configs"))
+        for f in files
+    }
+    assert every_file == set(EXPECTED), "configs/ holds files that are not .yaml configs"
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -12,31 +12,12 @@ from aadet.layers.functional.local_attention import (
     local_attention_probs_2d,
     local_self_attention_2d,
 )
+from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
+from aadet.layers.functional.reference import local_self_attention_2d_unfold
 from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads
 from aadet.layers.position_encoding import sine_2d
 
 D = torch.float64
-
-
-def brute_force(q, k, v, rel_h, rel_w, kernel_size):
-    """Eq. 3 pixel by pixel in float64: softmax over the in-map part of the centred window."""
-    b, nh, h, w, dk = q.shape
-    r = kernel_size // 2
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros(b, nh, h, w, v.shape[-1], dtype=D)
-    for bi, n, y, x in itertools.product(range(b), range(nh), range(h), range(w)):
-        logits, values = [], []
-        for yy in range(max(0, y - r), min(h, y + r + 1)):
-            for xx in range(max(0, x - r), min(w, x + r + 1)):
-                logit = q[bi, n, y, x] @ k[bi, n, yy, xx]
-                if rel_h is not None:
-                    logit = logit + q[bi, n, y, x, : dk // 2] @ rel_h[yy - y + r].double()
-                    logit = logit + q[bi, n, y, x, dk // 2:] @ rel_w[xx - x + r].double()
-                logits.append(logit)
-                values.append(v[bi, n, yy, xx])
-        p = torch.softmax(torch.stack(logits), 0)
-        out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
-    return out
 
 
 def _inputs(b, nh, h, w, dk, dv, ks, dtype=D, seed=0, scale=1.0):
@@ -74,6 +55,14 @@ def test_matches_brute_force(h, w, ks, bs, impl, relative):
         rh = rw = None
     out = local_self_attention_2d(q, k, v, rh, rw, ks, block_size=bs, impl=impl)
     assert out.shape == (2, 2, h, w, 3)
+    torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("h,w,ks,bs", CASES)
+def test_unfold_reference_matches_brute_force(h, w, ks, bs):
+    # the benchmark's vectorized reference (tools/benchmark_layers.py) is Eq. 3 too
+    q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)
+    out = local_self_attention_2d_unfold(q, k, v, rh, rw, ks)
     torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
 
 
@@ -343,6 +332,7 @@ def test_flop_count_formula():
     assert f["relative_logits"] == n * 8 * 2 * 7 * 8  # Nh heads x 2k dot products of dkh/2
     assert f["pooling"] == n * 128
     assert f["total"] == sum(v for key, v in f.items() if key != "total") == 4_577_280
+    assert layer.flop_count((10, 12), batch=3) == {key: 3 * v for key, v in f.items()}
 
 
 @pytest.mark.parametrize(
@@ -374,3 +364,64 @@ def test_absolute_is_a_deprecated_spelling_of_sine2d():
     with pytest.warns(DeprecationWarning, match="sine2d"):
         layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute")
     assert layer.positional_encoding == "sine2d"
+
+
+# ----------------------------------------------------------------------------- export
+def _export_layers():
+    from aadet.layers import AugmentedConv2d, SpatiallyAwareAttentionStem
+
+    torch.manual_seed(0)
+    return {
+        "sasa": (LocalSelfAttention2d(8, 16, kernel_size=5, num_heads=2, block_size=4),
+                 torch.randn(2, 8, 11, 9)),
+        "aa": (AugmentedConv2d(8, 16, dk=8, dv=8, num_heads=2, max_size=16),
+               torch.randn(2, 8, 11, 9)),
+        "aa_chunked": (AugmentedConv2d(8, 16, dk=8, dv=8, num_heads=2, max_size=16, query_chunk=13),
+                       torch.randn(2, 8, 7, 6)),
+        "stem": (SpatiallyAwareAttentionStem(3, 16, num_heads=2, norm=""),
+                 torch.randn(2, 3, 13, 10)),
+        "stem_projected": (SpatiallyAwareAttentionStem(8, 8, num_heads=2, norm=""),
+                           torch.randn(2, 8, 9, 9)),
+    }
+
+
+@pytest.mark.parametrize("name", ["sasa", "aa", "aa_chunked", "stem", "stem_projected"])
+def test_trace_takes_plain_op_routes_and_matches_eager(name):
+    """Under torch.jit.trace ``impl="auto"`` takes the materialized routes: the graph has no
+    custom autograd Function (``prim::PythonOp``) and no SDPA (ONNX opset 17 has neither), and
+    gives eager's numbers (eager runs the neighborhood / fused routes)."""
+    layer, x = _export_layers()[name]
+    layer.eval()
+    # Traced with autograd on (the parameters require grad), so that a custom Function would be
+    # recorded as one opaque PythonOp rather than inlined.
+    traced = torch.jit.trace(layer, (x,), check_trace=False)
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert "prim::PythonOp" not in kinds, sorted(kinds)
+    assert not any("scaled_dot_product" in kind for kind in kinds), sorted(kinds)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
+        x2 = torch.randn_like(x)  # the traced graph is a function of the input, not a constant
+        torch.testing.assert_close(traced(x2), layer(x2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("h,w,ks,bs", CASES[:4])
+def test_traced_route_matches_brute_force(h, w, ks, bs):
+    # the export route (materialized halo blocks, windows gathered by index) is exact too
+    q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)
+
+    def fn(q, k, v, rh, rw):
+        return local_self_attention_2d(q, k, v, rh, rw, ks, block_size=bs)
+
+    traced = torch.jit.trace(fn, (q, k, v, rh, rw), check_trace=False)
+    torch.testing.assert_close(traced(q, k, v, rh, rw), brute_force(q, k, v, rh, rw, ks),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["sasa", "aa", "stem"])
+def test_onnx_export_opset17(name):
+    import io
+
+    layer, x = _export_layers()[name]
+    f = io.BytesIO()
+    torch.onnx.export(layer.eval(), (x,), f, opset_version=17, dynamo=False)  # TorchScript exporter
+    assert len(f.getvalue()) > 1000

@@ -1,6 +1,6 @@
 """Tests of the 2D relative self-attention core (AA paper, Sec. 3.2 and Appendix A.3).
 
-References used here:
+References used here (``aadet.layers.functional.reference``):
   * a float64 pixel-by-pixel brute force written from the formula
     ``logit[(y,x),(y',x')] = q.k + q.rel_h[y'-y+H-1] + q.rel_w[x'-x+W-1]``;
   * a line-by-line PyTorch port of the paper's TensorFlow ``rel_to_abs`` /
@@ -17,6 +17,10 @@ from aadet.layers.functional import (
     relative_self_attention_2d,
     relative_table_for_length,
 )
+from aadet.layers.functional.reference import paper_rel_to_abs as tf_rel_to_abs
+from aadet.layers.functional.reference import paper_relative_self_attention_2d as tf_self_attention
+from aadet.layers.functional.reference import relative_logits_2d_reference as brute_force_logits
+from aadet.layers.functional.reference import relative_self_attention_2d_reference as brute_force
 
 SIZES = [(5, 7), (9, 4), (1, 6), (6, 1), (1, 1)]
 PATHS = [("fused", 0), ("materialized", 0), ("materialized", 7)]
@@ -30,85 +34,6 @@ def _inputs(b, nh, h, w, dk, dv, dtype=torch.float64, scale=1.0, seed=0):
     rel_h = torch.randn(2 * h - 1, dk, generator=g, dtype=dtype)
     rel_w = torch.randn(2 * w - 1, dk, generator=g, dtype=dtype)
     return q, k, v, rel_h, rel_w
-
-
-# ----------------------------------------------------------------------------- references
-def brute_force_logits(q, k, rel_h, rel_w):
-    """``[B, Nh, H, W, H, W]`` float64 logits, one query pixel and one key pixel at a time."""
-    q, k = q.double(), k.double()
-    b, nh, h, w, _ = q.shape
-    out = torch.zeros(b, nh, h, w, h, w, dtype=torch.float64)
-    for y in range(h):
-        for x in range(w):
-            for yy in range(h):
-                for xx in range(w):
-                    logit = (q[:, :, y, x] * k[:, :, yy, xx]).sum(-1)
-                    if rel_h is not None:
-                        logit = logit + (q[:, :, y, x] * rel_h.double()[yy - y + h - 1]).sum(-1)
-                    if rel_w is not None:
-                        logit = logit + (q[:, :, y, x] * rel_w.double()[xx - x + w - 1]).sum(-1)
-                    out[:, :, y, x, yy, xx] = logit
-    return out
-
-
-def brute_force(q, k, v, rel_h, rel_w):
-    b, nh, h, w, _ = q.shape
-    logits = brute_force_logits(q, k, rel_h, rel_w).reshape(b, nh, h, w, h * w)
-    weights = torch.softmax(logits, dim=-1)
-    return torch.einsum("bnyxj,bnjd->bnyxd", weights, v.double().reshape(b, nh, h * w, -1))
-
-
-def tf_rel_to_abs(x):
-    """Port of the paper's ``rel_to_abs`` (``tf.concat`` -> ``torch.cat``, same reshapes)."""
-    B, Nh, L, _ = x.shape
-    col_pad = torch.zeros((B, Nh, L, 1), dtype=x.dtype)
-    x = torch.cat([x, col_pad], dim=3)
-    flat_x = torch.reshape(x, [B, Nh, L * 2 * L])
-    flat_pad = torch.zeros((B, Nh, L - 1), dtype=x.dtype)
-    flat_x_padded = torch.cat([flat_x, flat_pad], dim=2)
-    final_x = torch.reshape(flat_x_padded, [B, Nh, L + 1, 2 * L - 1])
-    final_x = final_x[:, :, :L, L - 1:]
-    return final_x
-
-
-def tf_relative_logits_1d(q, rel_k, H, W, Nh, transpose_mask):
-    """Port of the paper's ``relative_logits_1d`` (``tf.tile`` -> ``repeat``)."""
-    rel_logits = torch.einsum("bhxyd,md->bhxym", q, rel_k)
-    rel_logits = torch.reshape(rel_logits, [-1, Nh * H, W, 2 * W - 1])
-    rel_logits = tf_rel_to_abs(rel_logits)
-    rel_logits = torch.reshape(rel_logits, [-1, Nh, H, W, W])
-    rel_logits = torch.unsqueeze(rel_logits, dim=3)
-    rel_logits = rel_logits.repeat(1, 1, 1, H, 1, 1)
-    rel_logits = rel_logits.permute(*transpose_mask)
-    rel_logits = torch.reshape(rel_logits, [-1, Nh, H * W, H * W])
-    return rel_logits
-
-
-def tf_relative_logits(q, rel_embeddings_h, rel_embeddings_w):
-    """Port of the paper's ``relative_logits`` with the embeddings passed in.
-
-    Offset convention: the TF tables are indexed ``m = (key - query) + L - 1`` (``rel_to_abs``
-    maps column ``j`` of query row ``i`` to ``m = j - i + L - 1``; the caption's
-    ``r_{l-i}``), i.e. the same rows as our ``rel_h``/``rel_w``, so they are passed unchanged.
-    """
-    _, Nh, H, W, _ = q.shape
-    rel_logits_w = tf_relative_logits_1d(q, rel_embeddings_w, H, W, Nh, [0, 1, 2, 4, 3, 5])
-    rel_logits_h = tf_relative_logits_1d(
-        q.permute(0, 1, 3, 2, 4), rel_embeddings_h, W, H, Nh, [0, 1, 4, 2, 5, 3]
-    )
-    return rel_logits_h, rel_logits_w
-
-
-def tf_self_attention(q, k, v, rel_h, rel_w):
-    """The attention part of the paper's ``self_attention_2d`` (q already scaled)."""
-    B, Nh, H, W, dkh = q.shape
-    flat = lambda x, d: torch.reshape(x, [-1, Nh, H * W, d])  # noqa: E731
-    logits = torch.matmul(flat(q, dkh), flat(k, dkh).transpose(-1, -2))
-    rel_logits_h, rel_logits_w = tf_relative_logits(q, rel_h, rel_w)
-    logits = logits + rel_logits_h + rel_logits_w
-    weights = torch.softmax(logits, dim=-1)
-    attn_out = torch.matmul(weights, flat(v, v.shape[-1]))
-    return torch.reshape(attn_out, [-1, Nh, H, W, v.shape[-1]])
 
 
 # ----------------------------------------------------------------------------- helpers

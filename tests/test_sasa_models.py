@@ -17,9 +17,9 @@ import aadet  # noqa: F401  (meta-architecture, conv baseline builders)
 from aadet.config import ConfigValueError, add_aadet_config
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.local_attention import LocalSelfAttention2d
-from aadet.modeling.attention_fpn import convert_fpn_to_attention
+from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
 from aadet.modeling.attention_head import AttentionRetinaNetHead
-from aadet.modeling.backbone.fpn import build_fpn
+from aadet.modeling.backbone.fpn import build_retinanet_fpn
 from aadet.modeling.backbone.sasa_resnet import SASABottleneckBlock, build_sasa_resnet_backbone
 
 C = 64  # FPN / head width of the small models
@@ -146,10 +146,10 @@ def test_grouped_convs_allowed_in_conv_stages():
 
 
 # ----------------------------------------------------------------------------- FPN
-def _small_fpn(top_block=True):
+def _small_fpn():
     cfg = small_cfg()
     bottom_up = build_sasa_resnet_backbone(cfg, ShapeSpec(channels=3))
-    return build_fpn(cfg, bottom_up, retinanet=top_block)
+    return build_retinanet_fpn(cfg, bottom_up)
 
 
 def _conv3(module):
@@ -194,7 +194,7 @@ def test_fpn_conversion_replaces_and_keeps_aliases(top_block):
 def test_fpn_conversion_keeps_norm():
     cfg = small_cfg()
     cfg.MODEL.FPN.NORM = "GN"
-    fpn = build_fpn(cfg, build_sasa_resnet_backbone(cfg, ShapeSpec(channels=3)), retinanet=True)
+    fpn = build_retinanet_fpn(cfg, build_sasa_resnet_backbone(cfg, ShapeSpec(channels=3)))
     old_norm = fpn.fpn_output3.norm
     convert_fpn_to_attention(fpn, kernel_size=5, num_heads=4)
     assert fpn.fpn_output3.norm is old_norm and isinstance(old_norm, nn.GroupNorm)

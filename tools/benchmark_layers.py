@@ -45,7 +45,6 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from aadet.analysis.timing import (  # noqa: E402
     PeakMemory,
@@ -56,11 +55,12 @@ from aadet.analysis.timing import (  # noqa: E402
     write_report,
 )
 from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
-from aadet.layers.functional.relative_attention import (
-    rel_to_abs,
-    relative_self_attention_2d,
-)  # noqa: E402
-from aadet.layers.local_attention import LocalSelfAttention2d  # noqa: E402
+from aadet.layers.functional.reference import (  # noqa: E402
+    local_self_attention_2d_unfold,
+    paper_relative_self_attention_2d,
+)
+from aadet.layers.functional.relative_attention import relative_self_attention_2d  # noqa: E402
+from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads  # noqa: E402
 
 #: (map side, Fout) of AA-R50's res3 / res4 / res5 for a 640x640 image.
 AA_SIZES = {80: 128, 40: 256, 20: 512}
@@ -69,59 +69,23 @@ NUM_HEADS = 8
 
 
 # ----------------------------------------------------------------------------- naive references
-def _paper_relative_logits_1d(q, rel_k, h, w, transpose_mask):
-    """AA Appendix A.3 ``relative_logits_1d``: ``q [B, Nh, H, W, d]`` -> ``[B, Nh, HW, HW]``."""
-    b, nh = q.shape[:2]
-    rel = torch.einsum("bhxyd,md->bhxym", q, rel_k)  # [B, Nh, H, W, 2W-1]
-    rel = rel_to_abs(rel.reshape(b, nh * h, w, 2 * w - 1))  # [B, Nh*H, W, W]
-    rel = rel.reshape(b, nh, h, w, w).unsqueeze(3).expand(b, nh, h, h, w, w)  # tile over key rows
-    return rel.permute(*transpose_mask).reshape(b, nh, h * w, h * w)  # materialized [HW, HW]
-
-
 def naive_relative_attention_2d(q, k, v, rel_h=None, rel_w=None, **_ignored):
     """The straightforward AA attention (paper Figure 8): full logits, relative logits tiled to
-    ``[B, Nh, HW, HW]``, softmax, weighted sum. Same signature/shapes as
-    :func:`relative_self_attention_2d` (``q`` already scaled)."""
-    b, nh, h, w, dk = q.shape
-    dv = v.shape[-1]
-    logits = q.reshape(b, nh, h * w, dk) @ k.reshape(b, nh, h * w, dk).transpose(
-        -1, -2
-    )  # [B, Nh, HW, HW]
-    if rel_w is not None:
-        logits = logits + _paper_relative_logits_1d(q, rel_w, h, w, (0, 1, 2, 4, 3, 5))
-    if rel_h is not None:
-        logits = logits + _paper_relative_logits_1d(
-            q.transpose(2, 3), rel_h, w, h, (0, 1, 4, 2, 5, 3)
-        )
-    weights = torch.softmax(logits, dim=-1)
-    return (weights @ v.reshape(b, nh, h * w, dv)).reshape(b, nh, h, w, dv)
+    ``[B, Nh, HW, HW]``, softmax, weighted sum
+    (:func:`aadet.layers.functional.reference.paper_relative_self_attention_2d`). Same
+    signature/shapes as :func:`relative_self_attention_2d` (``q`` already scaled)."""
+    return paper_relative_self_attention_2d(q, k, v, rel_h, rel_w)
 
 
 def naive_unfold_local_attention(layer: LocalSelfAttention2d, x):
-    """:class:`LocalSelfAttention2d`'s forward written with ``F.unfold`` (stride 1, no norm).
-
-    Keys and values of every pixel's ``k x k`` window are copied (``[B, C * k^2, HW]``);
-    out-of-map neighbours are masked out of the softmax, as in our implementation.
-    """
-    b, _, h, w = x.shape
-    c, nh, ks = layer.out_channels, layer.num_heads, layer.kernel_size
-    d, r, n = c // nh, (ks - 1) // 2, h * w
-    q = layer.query(x).reshape(b, nh, d, n) * d**-0.5  # [B, Nh, d, HW]
-    k = F.unfold(layer.key(x), ks, padding=r).view(b, nh, d, ks * ks, n)  # [B, Nh, d, k^2, HW]
-    v = F.unfold(layer.value(x), ks, padding=r).view(b, nh, d, ks * ks, n)
-    logits = torch.einsum("bndp,bndkp->bnkp", q, k)  # [B, Nh, k^2, HW]
-    if layer.rel_h is not None:
-        dr = d // 2
-        rh = torch.einsum("bndp,ad->bnap", q[:, :, :dr], layer.rel_h)  # [B, Nh, k, HW] row offsets
-        rw = torch.einsum("bndp,cd->bncp", q[:, :, dr:], layer.rel_w)  # [B, Nh, k, HW] col offsets
-        logits = logits + (rh[:, :, :, None] + rw[:, :, None, :]).reshape(b, nh, ks * ks, n)
-    inside = (
-        F.unfold(torch.ones(1, 1, h, w, dtype=x.dtype, device=x.device), ks, padding=r) > 0
-    )  # [1, k^2, HW]
-    logits = logits.masked_fill(~inside[:, None], float("-inf"))
-    weights = torch.softmax(logits, dim=2)
-    out = torch.einsum("bnkp,bndkp->bndp", weights, v)  # [B, Nh, d, HW]
-    return out.reshape(b, c, h, w)
+    """:class:`LocalSelfAttention2d`'s forward (stride 1, no norm) with the ``F.unfold`` core
+    :func:`aadet.layers.functional.reference.local_self_attention_2d_unfold`: keys and values
+    of every pixel's ``k x k`` window copied, out-of-map neighbours masked out of the softmax."""
+    nh, d = layer.num_heads, layer.head_channels
+    q = split_heads(layer.query(x), nh) * d**-0.5  # [B, Nh, H, W, d]
+    k, v = split_heads(layer.key(x), nh), split_heads(layer.value(x), nh)
+    out = local_self_attention_2d_unfold(q, k, v, layer.rel_h, layer.rel_w, layer.kernel_size)
+    return merge_heads(out)  # [B, C, H, W]
 
 
 def check_references(dtype=torch.float64):

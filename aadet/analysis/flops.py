@@ -20,31 +20,17 @@ Convention
   :class:`~aadet.layers.SpatiallyAwareAttentionStem`): their child ``nn.Conv2d`` modules
   (q/k/v projections, AA's output projection and conv branch) are counted by fvcore like any
   convolution. Every other op inside the layer is replaced by the algorithmic count of
-  :func:`attention_flops`, per call (a head layer shared by five levels counts five times), per
-  image. With ``Nh`` heads, total key depth ``dk``, value depth ``dv`` (all heads):
-
-  - AA, attention on an ``h x w`` grid, ``n = h w`` (each query against all ``n`` keys):
-    ``content_logits = n^2 dk``, ``relative_logits = n (h + w) dk`` (each query needs ``h`` row
-    and ``w`` column offsets, ``q_h . r``; the paper's and our implementation evaluate
-    ``2h - 1`` and ``2w - 1`` offsets per query row, counted as overhead),
-    ``weighted_sum = n^2 dv``.
-  - SASA layer, ``n = H W`` input pixels, ``C`` channels, extent ``k`` (each query against its
-    ``k x k`` neighbours, as for a zero-padded convolution): ``content_logits = n k^2 C``,
-    ``relative_logits = n k C`` (``k`` row and ``k`` column offsets of ``dkh / 2``),
-    ``weighted_sum = n k^2 C``. The stride-2 average pooling is not counted (pooling never is).
-  - SASA stem, block ``b``, ``m`` mixtures: ``projections = 3 n C_in C`` (q, k and the mixed
-    value matrix; the stem uses its ``query``/``key`` weights directly, not as convolutions),
-    ``value_mixing = b^2 m C C_in``, ``content_logits = weighted_sum = n b^2 C``,
-    ``relative_logits = n b C`` (same convention as the layer).
+  :func:`attention_flops`, per call (a head layer shared by five levels counts five times): the
+  layer's own ``flop_count`` (where its formula is written and explained), restricted to its
+  ``ATTENTION_FLOP_COMPONENTS``. In short: AA each query against all ``h w`` keys of its grid,
+  the SASA layer each query against its ``k x k`` neighbours (as for a zero-padded convolution),
+  the stem its ``b x b`` block plus its value mixture and projections.
 
 * **Overhead** (reported separately, never in the totals): the extra multiply-adds of our
-  implementation's fused (CUDA) path -- blocked queries and halo windows (SASA: every query of
-  a ``b x b`` tile scores the ``(b + 2r)^2`` window), the position tables appended to ``q`` and
-  the one-hot indicators appended to ``k`` (AA: ``h + w`` extra dims per logit), the
-  ``2L - 1``-offset table matmuls. The SASA layer's neighborhood route (the CPU default) has
-  none: it evaluates exactly the ``k^2`` offsets per pixel that the formula counts. The stem:
-  the extra work of the route it takes (factorized through the input: the ``b^2 C_in``-wide
-  output matmul; projected: the ``2b - 1`` offset tables). Estimated by formula
+  implementation's fused (CUDA) path -- blocked queries and halo windows (SASA), the position
+  tables appended to ``q`` and the one-hot indicators appended to ``k`` (AA), the offset table
+  matmuls; for the stem the extra work of the route it takes. The SASA layer's neighborhood
+  route (the CPU default) has none. Estimated by each layer's ``implementation_flop_count``
   (:func:`attention_overhead_flops`).
 """
 
@@ -167,107 +153,36 @@ def sdpa_flop_jit(inputs, outputs) -> int:
 
 
 # ----------------------------------------------------------------------------- formulas
-def _aa_flops(m: AugmentedConv2d, input_shape: Sequence[int]) -> Dict[str, int]:
-    b, _, hin, win = input_shape
-    h, w = m.attention_grid_size(hin, win)
-    n = h * w
-    rel = m.positional_encoding == "relative"
-    return {
-        "content_logits": b * n * n * m.dk,
-        "relative_logits": b * n * (h + w) * m.dk if rel else 0,
-        "weighted_sum": b * n * n * m.dv,
-    }
-
-
-def _sasa_flops(m: LocalSelfAttention2d, input_shape: Sequence[int]) -> Dict[str, int]:
-    b, _, h, w = input_shape
-    fc = m.flop_count((h, w))  # per image; its projections are child convs, pooling not counted
-    return {key: b * fc[key] for key in ("content_logits", "relative_logits", "weighted_sum")}
-
-
-def _stem_flops(m: SpatiallyAwareAttentionStem, input_shape: Sequence[int]) -> Dict[str, int]:
-    b, cin, h, w = input_shape
-    n, s, c = h * w, m.block_size, m.out_channels
-    return {
-        "projections": 3 * b * n * cin * c,  # q, k and the mixed value matrix, once per pixel
-        "value_mixing": s * s * m.num_mixtures * c * cin,  # the b^2 mixed matrices, once per call
-        "content_logits": b * n * s * s * c,
-        "relative_logits": b * n * s * c if m.rel_h is not None else 0,
-        "weighted_sum": b * n * s * s * c,
-    }
+def _batch_and_hw(module: nn.Module, input_shape: Sequence[int], caller: str):
+    if len(input_shape) != 4:
+        raise ValueError(f"input_shape must be [B, C, H, W]; got {tuple(input_shape)}")
+    if not isinstance(module, ATTENTION_TYPES):
+        raise TypeError(
+            f"{caller} counts {[t.__name__ for t in ATTENTION_TYPES]}; got {type(module).__name__}"
+        )
+    b, _, h, w = (int(v) for v in input_shape)
+    return b, (h, w)
 
 
 def attention_flops(module: nn.Module, input_shape: Sequence[int]) -> Dict[str, int]:
     """Algorithmic attention MACs of one call of an attention layer (see the module docstring).
 
-    Excludes the layer's child convolutions (counted by fvcore). Args: ``module`` one of
-    :data:`ATTENTION_TYPES`; ``input_shape`` ``[B, C, H, W]`` of its input. Returns the
-    components and their ``"total"``.
+    The layer's ``flop_count`` restricted to its ``ATTENTION_FLOP_COMPONENTS`` (its child
+    convolutions are counted by fvcore). Args: ``module`` one of :data:`ATTENTION_TYPES`;
+    ``input_shape`` ``[B, C, H, W]`` of its input. Returns the components and their ``"total"``.
     """
-    if len(input_shape) != 4:
-        raise ValueError(f"input_shape must be [B, C, H, W]; got {tuple(input_shape)}")
-    if isinstance(module, AugmentedConv2d):
-        out = _aa_flops(module, input_shape)
-    elif isinstance(module, LocalSelfAttention2d):
-        out = _sasa_flops(module, input_shape)
-    elif isinstance(module, SpatiallyAwareAttentionStem):
-        out = _stem_flops(module, input_shape)
-    else:
-        raise TypeError(
-            f"attention_flops counts {[t.__name__ for t in ATTENTION_TYPES]}; got {type(module).__name__}"
-        )
+    batch, hw = _batch_and_hw(module, input_shape, "attention_flops")
+    counts = module.flop_count(hw, batch=batch)
+    out = {key: counts[key] for key in module.ATTENTION_FLOP_COMPONENTS}
     out["total"] = sum(out.values())
     return out
 
 
-def _blocked_macs(b, nh, h, w, block_hw, halo, dkh, dvh, relative):
-    bh, bw = block_hw
-    queries = math.ceil(h / bh) * bh * math.ceil(w / bw) * bw
-    uh, uw = bh + 2 * halo, bw + 2 * halo
-    extra = (uh + uw) if relative else 0  # fused tables on q, indicators on k (masks use them too)
-    return b * nh * queries * uh * uw * (dkh + extra + dvh)
-
-
 def attention_overhead_flops(module: nn.Module, input_shape: Sequence[int]) -> int:
-    """MACs our fused implementation does beyond :func:`attention_flops` (an estimate).
-
-    SASA layer / stem: padded ``b x b`` query tiles times ``(b + 2r)^2`` halo windows, each
-    logit with ``dkh + Uh + Uw`` dims (tables and masks ride on the augmented dot product).
-    AA: logits with ``dkh + h + w`` dims, plus the ``2h - 1`` / ``2w - 1`` offset matmuls.
-    The one-hot einsums placing tables in window coordinates are not included.
-    """
-    b, cin, h, w = input_shape
-    if isinstance(module, AugmentedConv2d):
-        ha, wa = module.attention_grid_size(h, w)
-        n, nh, rel = ha * wa, module.num_heads, module.positional_encoding == "relative"
-        implemented = b * nh * n * n * (module.dkh + module.dvh + ((ha + wa) if rel else 0))
-        if rel:
-            implemented += b * nh * n * ((2 * ha - 1) + (2 * wa - 1)) * module.dkh
-    elif isinstance(module, LocalSelfAttention2d):
-        r = (module.kernel_size - 1) // 2
-        bhw = (min(module.block_size, h), min(module.block_size, w))
-        d = module.head_channels
-        implemented = _blocked_macs(
-            b, module.num_heads, h, w, bhw, r, d, d, module.rel_h is not None
-        )
-        if module.rel_h is not None:
-            implemented += b * h * w * module.kernel_size * module.out_channels
-    elif isinstance(module, SpatiallyAwareAttentionStem):
-        s, c, nh = module.block_size, module.out_channels, module.num_heads
-        pix = b * math.ceil(h / s) * s * math.ceil(w / s) * s  # padded to whole blocks
-        rel = module.rel_h is not None
-        implemented = s * s * module.num_mixtures * c * cin  # the mixed value matrices
-        if nh * s * s * cin <= 3 * c:  # factorized through the input
-            implemented += cin * cin * c  # W_Q^T W_K: Nh heads of [in, d] x [d, in]
-            implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
-            implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head
-        else:  # projected
-            implemented += 3 * pix * cin * c
-            implemented += pix * s * s * 2 * c + (pix * (2 * s - 1) * c if rel else 0)
-    else:
-        raise TypeError(
-            f"attention_overhead_flops: not an attention layer: {type(module).__name__}"
-        )
+    """MACs our fused implementation does beyond :func:`attention_flops` (an estimate): the
+    layer's ``implementation_flop_count`` minus the formula, at least 0."""
+    batch, hw = _batch_and_hw(module, input_shape, "attention_overhead_flops")
+    implemented = module.implementation_flop_count(hw, batch=batch)
     return max(0, implemented - attention_flops(module, input_shape)["total"])
 
 

@@ -8,6 +8,8 @@ of ``SOLVER.REFERENCE_WORLD_SIZE`` workers). Conversion happens before Detectron
 import logging
 import math
 
+from ..config import config_error
+
 __all__ = ["epochs_to_iters", "apply_epoch_schedule", "count_training_images"]
 
 logger = logging.getLogger(__name__)
@@ -18,7 +20,7 @@ def epochs_to_iters(epochs: float, num_images: int, ims_per_batch: int) -> int:
     if num_images <= 0:
         raise ValueError(f"the training set is empty (0 images); cannot convert {epochs} epochs")
     if ims_per_batch <= 0:
-        raise ValueError(f"SOLVER.IMS_PER_BATCH must be > 0; got {ims_per_batch}")
+        raise config_error("SOLVER.IMS_PER_BATCH", "> 0", ims_per_batch)
     return int(math.ceil(epochs * num_images / ims_per_batch))
 
 

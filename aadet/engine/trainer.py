@@ -7,42 +7,27 @@ Differences from ``DefaultTrainer``, each for a reason:
 * checkpoints: atomic writes, strict loading (:mod:`aadet.engine.checkpoint`), and the best
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
 * multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
-  ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules.
+  ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules;
+* metrics written every ``SOLVER.LOG_PERIOD`` iterations (Detectron2 hard-codes 20).
+The Detectron2 internals this needs are wrapped in :mod:`aadet.engine.d2compat`.
 A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
 ``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
 """
-import contextlib
 import os
 import weakref
 
 from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
 from detectron2.data.common import DatasetFromList
-from detectron2.engine import DefaultTrainer, defaults, hooks
+from detectron2.engine import DefaultTrainer, hooks
 from detectron2.evaluation import COCOEvaluator, coco_evaluation
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 from ..data.augmentation import build_augmentation
 from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
 from .checkpoint import AADetCheckpointer
+from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 
 __all__ = ["Trainer"]
-
-
-@contextlib.contextmanager
-def _ddp_without_device_ids_on_cpu():
-    """While ``DefaultTrainer.__init__`` runs, wrap CPU models in DDP without ``device_ids``."""
-    original = defaults.create_ddp_model
-
-    def create_ddp_model(model, **kwargs):
-        if next(model.parameters()).device.type == "cpu":
-            kwargs.setdefault("device_ids", None)
-        return original(model, **kwargs)
-
-    defaults.create_ddp_model = create_ddp_model
-    try:
-        yield
-    finally:
-        defaults.create_ddp_model = original
 
 
 def _has_fast_coco_eval() -> bool:
@@ -56,8 +41,11 @@ class Trainer(DefaultTrainer):
     #: keys/shapes differ from the model (otherwise a mismatch is an error).
     allow_mismatched_weights = False
 
+    # True while DefaultTrainer.build_hooks runs: its PeriodicWriter (period 20) is replaced.
+    _defer_writers = False
+
     def __init__(self, cfg):
-        with _ddp_without_device_ids_on_cpu():
+        with ddp_without_device_ids_on_cpu():
             super().__init__(cfg)
 
     @classmethod
@@ -82,6 +70,8 @@ class Trainer(DefaultTrainer):
 
     def build_writers(self):
         """Detectron2's writers, with metrics.json smoothed over ``SOLVER.LOG_PERIOD`` iterations."""
+        if self._defer_writers:
+            return []  # DefaultTrainer.build_hooks' writer hook, replaced in build_hooks
         out = self.cfg.OUTPUT_DIR
         return [
             CommonMetricPrinter(self.max_iter),
@@ -93,8 +83,7 @@ class Trainer(DefaultTrainer):
         super().resume_or_load(resume=resume)
         if self.start_iter > 0:
             # Continue the data stream where the checkpointed run was, not from its start.
-            self._trainer.data_loader = self.build_train_loader(self.cfg, self.start_iter)
-            self._trainer._data_loader_iter_obj = None
+            restart_data_loader(self, lambda: self.build_train_loader(self.cfg, self.start_iter))
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name, output_folder=None):
@@ -118,10 +107,17 @@ class Trainer(DefaultTrainer):
             save_to_disk=old.save_to_disk,
             trainer=weakref.proxy(self),
         )
-        ret = super().build_hooks()
-        for h in ret:
-            if isinstance(h, hooks.PeriodicWriter):
-                h._period = self.cfg.SOLVER.LOG_PERIOD
+        self._defer_writers = True
+        try:
+            ret = super().build_hooks()
+        finally:
+            self._defer_writers = False
+        # Detectron2 appends PeriodicWriter(build_writers(), period=20) on the main process only.
+        ret = [
+            hooks.PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
+            if isinstance(h, hooks.PeriodicWriter) else h
+            for h in ret
+        ]
         metric = self.cfg.SOLVER.BEST_CHECKPOINT_METRIC
         if metric and self.cfg.TEST.EVAL_PERIOD > 0 and len(self.cfg.DATASETS.TEST):
             idx = next(i for i, h in enumerate(ret) if isinstance(h, hooks.EvalHook))

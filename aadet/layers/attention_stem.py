@@ -22,13 +22,13 @@ The module follows the conventions of a Detectron2 stem (``in_channels``, ``out_
 its ``stem``; it imports only torch (``freeze`` uses Detectron2's ``FrozenBatchNorm2d`` when
 Detectron2 is installed).
 """
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.local_attention import (
+from .functional.blocks import (
     add_block_relative_logits,
     block_attention,
     block_padding_mask,
@@ -150,6 +150,12 @@ class SpatiallyAwareAttentionStem(nn.Module):
         emb = self.emb_row[:, None, :] + self.emb_col[None, :, :]  # [b, b, d_emb]
         return torch.softmax(emb @ self.nu.t(), dim=-1)  # [b, b, m]
 
+    @property
+    def factorized(self) -> bool:
+        """Whether :meth:`forward` factorizes the attention through the input (``Nh * b^2 * in
+        <= 3 * out``, e.g. RGB with one head) rather than projecting q, k, v per pixel."""
+        return self.num_heads * self.block_size ** 2 * self.in_channels <= 3 * self.out_channels
+
     def _values(self, x: torch.Tensor) -> torch.Tensor:
         """Spatially-aware values ``[B, out, H, W]``: ``v_ab = (sum_m p(a,b,m) W_V^m) x_ab``.
 
@@ -169,7 +175,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         input is rearranged into blocks; the output is written back once), by one of two routes
         with the same numbers (both tested against a float64 brute force):
 
-        * factorized through the input (when ``Nh * b^2 * in <= 3 * out``, e.g. RGB, 1 head):
+        * factorized through the input (:attr:`factorized`: ``Nh * b^2 * in <= 3 * out``, e.g.
+          RGB, 1 head):
           ``q_i . k_j = x_i^T (W_Q^T W_K) x_j``, ``q_i . rel[t] = x_i^T (W_Q^T rel[t])`` and the
           output ``sum_j p_ij W_V(j) x_j`` is one matmul of the weighted inputs ``p_ij x_j``
           ``[b^2, b^2 * in]`` with the stacked per-position value matrices -- the full-resolution
@@ -189,7 +196,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
             mask = block_padding_mask((h, w), s, x.device)
             if mask is not None:
                 mask = mask.repeat(bsz, 1, 1, 1)
-            if self.num_heads * s * s * cin <= 3 * self.out_channels:
+            if self.factorized:
                 out = self._attend_factorized(xb, mask)
             else:
                 out = self._attend_projected(xb, mask)  # [N, P, out]
@@ -245,27 +252,58 @@ class SpatiallyAwareAttentionStem(nn.Module):
         out = torch.matmul(weighted.flatten(-2), w_v)  # [N, Nh, P, d]
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
-    def flop_count(self, input_hw) -> dict:
-        """Multiply-adds for one ``(H, W)`` image (fvcore convention, 1 MAC = 1 flop).
+    #: The :meth:`flop_count` components that are the attention itself: all of them (the stem
+    #: applies its ``query``/``key`` weights directly, not as child convolutions), i.e. what
+    #: ``aadet.analysis`` counts by formula.
+    ATTENTION_FLOP_COMPONENTS = (
+        "projections", "value_mixing", "content_logits", "relative_logits", "weighted_sum"
+    )
 
-        With ``n = H * W`` pixels, ``C_in``, ``C = out_channels``, block ``b``, ``m`` mixtures:
-        ``projections = 3 n C_in C`` (q, k and the mixed value matrix, applied once per pixel),
-        ``value_mixing = b^2 m C C_in`` (the ``b^2`` mixed matrices), ``content_logits =
-        weighted_sum = n b^2 C``, ``relative_logits = n b C`` (each query needs ``b`` row and ``b``
-        column offsets of ``dkh / 2``, as the SASA layer counts ``k``; 0 for ``"none"``);
-        norm, ReLU and pooling are not counted. Idealised: every block is full.
+    def flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> Dict[str, int]:
+        """Multiply-adds of one call on a ``[batch, in, H, W]`` input (fvcore convention, 1 MAC
+        = 1 flop).
+
+        With ``n = H * W`` pixels, ``C_in``, ``C = out_channels``, block ``b``, ``m`` mixtures,
+        per image: ``projections = 3 n C_in C`` (q, k and the mixed value matrix, applied once
+        per pixel), ``content_logits = weighted_sum = n b^2 C``, ``relative_logits = n b C``
+        (each query needs ``b`` row and ``b`` column offsets of ``dkh / 2``, as the SASA layer
+        counts ``k``; 0 for ``"none"``); once per call, not per image: ``value_mixing = b^2 m C
+        C_in`` (the ``b^2`` mixed matrices). Norm, ReLU and pooling are not counted. Idealised:
+        every block is full.
         """
         h, w = input_hw
         n, b, c = h * w, self.block_size, self.out_channels
         out = {
-            "projections": 3 * n * self.in_channels * c,
+            "projections": batch * 3 * n * self.in_channels * c,
             "value_mixing": b * b * self.num_mixtures * c * self.in_channels,
-            "content_logits": n * b * b * c,
-            "relative_logits": n * b * c if self.rel_h is not None else 0,
-            "weighted_sum": n * b * b * c,
+            "content_logits": batch * n * b * b * c,
+            "relative_logits": batch * n * b * c if self.rel_h is not None else 0,
+            "weighted_sum": batch * n * b * b * c,
         }
         out["total"] = sum(out.values())
         return out
+
+    def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
+        """Multiply-adds of the route :meth:`forward` takes (an estimate to compare with
+        :meth:`flop_count`): blocks padded to whole ``b x b`` blocks, and the extra work of the
+        route -- factorized (:attr:`factorized`): ``W_Q^T W_K`` (``C C_in^2``), logits as
+        ``b^2 C_in``-wide products per head, the ``2b - 1`` offset tables through the input and
+        the ``b^2 C_in``-wide output matmul; projected: q, k, v per padded pixel, logits and
+        weighted sum over ``C``, the ``2b - 1`` offset tables.
+        """
+        h, w = input_hw
+        s, c, nh, cin = self.block_size, self.out_channels, self.num_heads, self.in_channels
+        pix = batch * -(-h // s) * s * -(-w // s) * s  # padded to whole blocks
+        rel = self.rel_h is not None
+        implemented = s * s * self.num_mixtures * c * cin  # the mixed value matrices
+        if self.factorized:
+            implemented += cin * cin * c  # W_Q^T W_K: Nh heads of [in, d] x [d, in]
+            implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
+            implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head
+        else:  # projected
+            implemented += 3 * pix * cin * c
+            implemented += pix * s * s * 2 * c + (pix * (2 * s - 1) * c if rel else 0)
+        return implemented
 
     def freeze(self):
         """Make the stem untrainable (Detectron2 convention): no gradients, BN -> FrozenBN."""

@@ -29,7 +29,7 @@ Where we differ from the paper's listings (on purpose):
   (``max_size``) and sliced per input size.
 """
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -131,8 +131,12 @@ class AugmentedConv2d(nn.Module):
         max_size: ``Lmax``, the largest attention-map side the relative tables cover.
         clip_distances: clip relative distances to the tables instead of raising.
         min_dk_per_head: minimum ``dk / Nh`` when ``dk`` comes from ``kappa``.
-        impl, query_chunk: passed to
-            :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`.
+        impl: ``"auto"``, ``"fused"`` or ``"materialized"`` (:data:`LOGIT_TABLE_IMPLS`), passed
+            to :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`;
+            ``"auto"`` is the fused SDPA route, except for float64 and under tracing/export.
+        query_chunk: queries per chunk of the materialized route (0 = all at once), which
+            bounds its memory to ``B * Nh * query_chunk * hw`` logits; it matters only where that
+            route runs (``impl="materialized"``, float64, tracing/export under ``"auto"``).
     """
 
     def __init__(
@@ -271,6 +275,62 @@ class AugmentedConv2d(nn.Module):
         if self.attention_downsample:
             h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
         return h, w
+
+    # ------------------------------------------------------------------ FLOPs
+    #: The :meth:`flop_count` components that are the attention itself, not a child convolution
+    #: (which a tracing counter such as fvcore counts on its own): what ``aadet.analysis``
+    #: counts by formula.
+    ATTENTION_FLOP_COMPONENTS = ("content_logits", "relative_logits", "weighted_sum")
+
+    def flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> Dict[str, int]:
+        """Multiply-adds of one call on a ``[batch, Fin, H, W]`` input (fvcore's convention:
+        1 MAC = 1 flop; the paper counts 2 FLOPs per MAC; biases not counted).
+
+        With ``(Ho, Wo)`` the output size (:meth:`output_size`), ``(h, w)`` the attention grid
+        (:meth:`attention_grid_size`), ``n = h w`` (each query against all ``n`` keys), ``g``
+        groups, ``c = 3`` for coordconv else 0, per image:
+
+        * ``conv``: ``Ho Wo (Fin / g) (Fout - dv) k^2`` (the conv branch);
+        * ``projections``: ``n (Fin + c) (2 dk + dv) + n dv^2`` (k, q, v and output 1x1 convs);
+        * ``content_logits``: ``n^2 dk``;
+        * ``relative_logits``: ``n (h + w) dk`` (each query needs ``h`` row and ``w`` column
+          offsets ``q_h . r``; the paper's and our implementation evaluate ``2h - 1`` and
+          ``2w - 1`` offsets per query row: :meth:`implementation_flop_count`), 0 unless
+          ``"relative"``;
+        * ``weighted_sum``: ``n^2 dv``;
+        * ``total``: their sum; everything times ``batch``.
+        """
+        height, width = input_hw
+        ho, wo = self.output_size(height, width)
+        h, w = self.attention_grid_size(height, width)
+        n, dk, dv = h * w, self.dk, self.dv
+        attn_in = self.qkv.in_channels
+        out = {
+            "conv": ho * wo * (self.in_channels // self.conv.groups) * self.conv.out_channels
+            * self.kernel_size ** 2,
+            "projections": n * attn_in * (2 * dk + dv) + n * dv * dv,
+            "content_logits": n * n * dk,
+            "relative_logits": n * (h + w) * dk if self.positional_encoding == "relative" else 0,
+            "weighted_sum": n * n * dv,
+        }
+        out = {key: batch * value for key, value in out.items()}
+        out["total"] = sum(out.values())
+        return out
+
+    def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
+        """Multiply-adds of the attention as the fused route computes it (an estimate; compare
+        with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`).
+
+        Logits with ``dkh + h + w`` dims (the row/column tables appended to ``q``, one-hot
+        indicators to ``k``), the weighted sum, and the ``2h - 1`` / ``2w - 1`` offset matmuls
+        building the tables; all ``Nh`` heads.
+        """
+        h, w = self.attention_grid_size(*input_hw)
+        n, nh, rel = h * w, self.num_heads, self.positional_encoding == "relative"
+        implemented = batch * nh * n * n * (self.dkh + self.dvh + ((h + w) if rel else 0))
+        if rel:
+            implemented += batch * nh * n * ((2 * h - 1) + (2 * w - 1)) * self.dkh
+        return implemented
 
     # ------------------------------------------------------------------ attention pieces
     def _attention_input(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ each, concatenated). Section 3.1: when a spatial convolution had a stride, the a
 is followed by a 2x2 average pooling with stride 2.
 
 The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (offset by
-offset on CPU, blocked with halos through fused SDPA on CUDA; exact at the map borders; see there). This module adds the projections, the head
+offset on CPU, blocked with halos through fused SDPA on CUDA, plain tensor ops when traced or
+exported; exact at the map borders; see there). This module adds the projections, the head
 split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling, and, like
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .functional.local_attention import LOCAL_ATTENTION_IMPLS, local_self_attention_2d
+from .functional.local_halo import halo_local_attention_macs
 from .position_encoding import sine_2d
 
 __all__ = ["LocalSelfAttention2d", "POSITIONAL_ENCODINGS", "split_heads", "merge_heads"]
@@ -209,13 +211,19 @@ class LocalSelfAttention2d(nn.Module):
             out = self.activation(out)
         return out
 
-    def flop_count(self, input_hw: Tuple[int, int]) -> Dict[str, int]:
-        """Multiply-adds of one image of size ``input_hw`` (fvcore's convention: 1 MAC = 1 flop;
-        the paper counts 2 FLOPs per MAC).
+    #: The :meth:`flop_count` components that are the attention itself, not a child convolution
+    #: (which a tracing counter such as fvcore counts on its own) or pooling (never counted by
+    #: ``aadet.analysis``): what ``aadet.analysis`` counts by formula.
+    ATTENTION_FLOP_COMPONENTS = ("content_logits", "relative_logits", "weighted_sum")
+
+    def flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> Dict[str, int]:
+        """Multiply-adds of one call on a ``[batch, C_in, H, W]`` input (fvcore's convention:
+        1 MAC = 1 flop; the paper counts 2 FLOPs per MAC).
 
         Idealised like a zero-padded convolution: every query scores ``k^2`` keys, whatever the
-        border, and the blocked implementation's extra halo work is not counted. With
-        ``n = H * W`` queries, ``C_in``, ``C = out_channels``, ``Nh`` heads of ``dkh``:
+        border, and the blocked implementation's extra halo work is not counted
+        (:meth:`implementation_flop_count`). With ``n = H * W`` queries, ``C_in``,
+        ``C = out_channels``, ``Nh`` heads of ``dkh``, per image:
 
         * ``projections``: ``3 * n * C_in * C`` (q, k, v 1x1 convolutions);
         * ``content_logits``: ``n * k^2 * C`` (``Nh * k^2`` dot products of ``dkh``);
@@ -223,7 +231,7 @@ class LocalSelfAttention2d(nn.Module):
           products of ``dkh/2``), 0 unless ``"relative"``;
         * ``weighted_sum``: ``n * k^2 * C``;
         * ``pooling``: ``n * C`` additions for stride 2, else 0;
-        * ``total``: their sum.
+        * ``total``: their sum; everything times ``batch``.
         """
         h, w = input_hw
         n = h * w
@@ -235,8 +243,25 @@ class LocalSelfAttention2d(nn.Module):
             "weighted_sum": n * k * k * c,
             "pooling": n * c if self.stride == 2 else 0,
         }
+        out = {key: batch * value for key, value in out.items()}
         out["total"] = sum(out.values())
         return out
+
+    def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
+        """Multiply-adds of the attention as the fused (blocked, halo) route computes it, an
+        estimate to compare with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`:
+        :func:`~aadet.layers.functional.local_halo.halo_local_attention_macs` plus the ``k``-offset
+        row/column table matmuls. (The neighborhood route, the CPU default, does exactly the
+        idealised count.)"""
+        h, w = input_hw
+        rel = self.rel_h is not None
+        d = self.head_channels
+        implemented = halo_local_attention_macs(
+            batch, self.num_heads, (h, w), self.kernel_size, self.block_size, d, d, rel
+        )
+        if rel:
+            implemented += batch * h * w * self.kernel_size * self.out_channels
+        return implemented
 
     def extra_repr(self) -> str:
         return (

@@ -1,2 +1,2 @@
 from . import backbone, meta_arch  # noqa: F401
-from . import attention_fpn, attention_head  # noqa: F401  (register the SASA FPN/head)
+from . import attention_head  # noqa: F401  (registers the SASA head)

@@ -3,8 +3,9 @@
 Paper: Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019,
 Section 4.2 / Table 2. :class:`AttentionRetinaNetHead` is Detectron2's ``RetinaNetHead`` with
 every 3x3 convolution of ``cls_subnet`` and ``bbox_subnet`` replaced by a
-:class:`~aadet.layers.local_attention.LocalSelfAttention2d` (``MODEL.SASA.KERNEL_SIZE/NUM_HEADS/
-POSITIONAL_ENCODING/BLOCK_SIZE/IMPL``); the towers' norms (incl. Detectron2's per-level
+:class:`~aadet.layers.local_attention.LocalSelfAttention2d` standing in for it
+(:func:`~aadet.modeling.attention_layers.local_attention_for_conv`, keys read by
+:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`); the towers' norms (incl. Detectron2's per-level
 ``CycleBatchNormList``) and ReLUs stay. Selected by ``MODEL.RETINANET.HEAD_NAME =
 "AttentionRetinaNetHead"`` (meta-architecture ``AADetRetinaNet``).
 
@@ -28,10 +29,15 @@ from detectron2.config import configurable
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 from torch import nn
 
-from ..layers.local_attention import LocalSelfAttention2d
+from .attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .meta_arch.retinanet import RETINANET_HEAD_REGISTRY
 
 __all__ = ["AttentionRetinaNetHead"]
+
+
+def _head_value_init(value: nn.Conv2d):
+    """The head's tower init (Detectron2's RetinaNetHead): ``N(0, 0.01)``."""
+    torch.nn.init.normal_(value.weight, mean=0, std=0.01)
 
 
 @RETINANET_HEAD_REGISTRY.register()
@@ -55,35 +61,16 @@ class AttentionRetinaNetHead(RetinaNetHead):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        attention = dict(kernel_size=kernel_size, num_heads=num_heads,
+                         positional_encoding=positional_encoding, block_size=block_size, impl=impl)
         for tower in (self.cls_subnet, self.bbox_subnet):
             for i, layer in enumerate(tower):
-                if not isinstance(layer, nn.Conv2d):
-                    continue
-                attn = LocalSelfAttention2d(
-                    layer.in_channels,
-                    layer.out_channels,
-                    kernel_size=kernel_size,
-                    num_heads=num_heads,
-                    stride=1,
-                    positional_encoding=positional_encoding,
-                    block_size=block_size,
-                    impl=impl,
-                    bias=layer.bias is not None,
-                )
-                torch.nn.init.normal_(attn.value.weight, mean=0, std=0.01)
-                if attn.bias is not None:
-                    torch.nn.init.constant_(attn.bias, 0)
-                tower[i] = attn
+                if isinstance(layer, nn.Conv2d):
+                    # bias (if any) starts at 0, as LocalSelfAttention2d's does and the towers' do
+                    tower[i] = local_attention_for_conv(layer, _head_value_init, **attention)
 
     @classmethod
     def from_config(cls, cfg, input_shape):
         ret = super().from_config(cfg, input_shape)
-        sa = cfg.MODEL.SASA
-        ret.update(
-            kernel_size=sa.KERNEL_SIZE,
-            num_heads=sa.NUM_HEADS,
-            positional_encoding=sa.POSITIONAL_ENCODING,
-            block_size=sa.BLOCK_SIZE,
-            impl=sa.IMPL,
-        )
+        ret.update(sasa_layer_kwargs(cfg))
         return ret

@@ -17,26 +17,34 @@ Two exact routes compute it:
   ``[N, Lq, Lk]`` attention matrix. Costs ``sum_g M_g`` extra head dims.
 * ``"materialized"`` -- logits, float32 softmax and the weighted sum written out, over chunks of
   queries (peak memory ``N * chunk * Lk``); under autograd each chunk is recomputed in backward
-  (activation checkpointing), so training memory is bounded too.
+  (activation checkpointing), so training memory is bounded too. Plain tensor ops only: the
+  route ``"auto"`` takes for float64 and while tracing/exporting (:mod:`.dispatch`).
+
+:data:`LOGIT_TABLE_BACKENDS` maps each ``impl`` name to its implementation.
 
 Both keep logits and softmax in float32 under autocast (SDPA's kernels accumulate in float32; the
 materialized route casts), and masks are a finite ``MASK_VALUE`` that is safe in bf16 and fp16.
 """
-from typing import List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGIT_TABLE_IMPLS", "MASK_VALUE", "attention_with_logit_tables"]
+from .checks import check_query_chunk
+from .dispatch import check_impl, is_exporting, lazy_backend
+
+__all__ = [
+    "LOGIT_TABLE_BACKENDS",
+    "LOGIT_TABLE_IMPLS",
+    "MASK_VALUE",
+    "attention_with_logit_tables",
+    "auto_logit_table_impl",
+]
 
 # Large negative logit used as a mask. Finite (no inf-inf = NaN), representable in fp16
 # (|x| < 65504) and far below any real logit, so exp(MASK_VALUE - max) underflows to 0.
 MASK_VALUE = -1.0e4
-
-# Allowed values of ``impl`` (the one definition; AA layers and the config import it).
-LOGIT_TABLE_IMPLS = ("auto", "fused", "materialized")
-
 
 def _indicators(key_index: Sequence[torch.Tensor], sizes: Sequence[int], like: torch.Tensor):
     """Multi-hot key-side indicators ``[Lk, sum(sizes)]`` in the dtype/device of ``like``."""
@@ -44,7 +52,8 @@ def _indicators(key_index: Sequence[torch.Tensor], sizes: Sequence[int], like: t
     return torch.cat(parts, dim=-1)
 
 
-def _fused(q, k, v, tables, key_index):
+def fused_logit_table_attention(q, k, v, tables, key_index, *, query_chunk: int = 0):
+    """The augmented dot product through SDPA (``impl="fused"``; ``query_chunk`` unused)."""
     if tables:
         sizes = [t.shape[-1] for t in tables]
         ind = _indicators(key_index, sizes, k)  # [Lk, M]
@@ -74,12 +83,15 @@ def _materialized_chunk(q, k, v, *tables_and_index):
     return out.to(v.dtype)
 
 
-def _materialized(q, k, v, tables, key_index, chunk):
-    lq = q.shape[-2]
+def materialized_logit_table_attention(q, k, v, tables, key_index, *, query_chunk: int = 0):
+    """Explicit float32 logits and softmax (``impl="materialized"``), ``query_chunk`` queries at a
+    time (0 = all): peak memory ``N * query_chunk * Lk``; under autograd each chunk is recomputed
+    in backward, unless tracing/exporting (the chunks are then unrolled into the graph)."""
+    lq, chunk = q.shape[-2], query_chunk
     if chunk <= 0 or chunk >= lq:
         return _materialized_chunk(q, k, v, *tables, *key_index)
     outs = []
-    need_grad = torch.is_grad_enabled() and any(
+    need_grad = torch.is_grad_enabled() and not is_exporting() and any(
         t.requires_grad for t in (q, k, v, *tables)
     )
     for s in range(0, lq, chunk):
@@ -90,6 +102,29 @@ def _materialized(q, k, v, tables, key_index, chunk):
         else:
             outs.append(_materialized_chunk(*args))
     return torch.cat(outs, dim=-2)
+
+
+#: ``impl`` name -> implementation ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` on
+#: checked arguments (shapes as in :func:`attention_with_logit_tables`). Adding a route is one
+#: file and one line here.
+LOGIT_TABLE_BACKENDS: Dict[str, Callable[..., torch.Tensor]] = {
+    "fused": fused_logit_table_attention,
+    "materialized": materialized_logit_table_attention,
+    # Flash attention with the row/column tables added in-kernel (no head widening); CUDA, or
+    # CPU under Triton's interpreter (tests).
+    "triton": lazy_backend("logit_tables_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)),
+    # torch's flex_attention with the tables in its score_mod; backward on CUDA only.
+    "flex": lazy_backend("logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)),
+}
+
+#: Allowed values of ``impl`` (the one definition; AA layers and the config import it).
+LOGIT_TABLE_IMPLS = ("auto",) + tuple(LOGIT_TABLE_BACKENDS)
+
+
+def auto_logit_table_impl(q: torch.Tensor) -> str:
+    """What ``impl="auto"`` runs: ``"materialized"`` for float64 (references, gradcheck: no fused
+    kernel worth using) and while tracing/exporting (plain tensor ops only), else ``"fused"``."""
+    return "materialized" if q.dtype == torch.float64 or is_exporting() else "fused"
 
 
 def attention_with_logit_tables(
@@ -110,21 +145,22 @@ def attention_with_logit_tables(
         v: ``[*, Lk, dv]`` values.
         tables: list of ``[*, Lq, M_g]`` query-side logit tables (may be empty).
         key_index: list of ``[Lk]`` long tensors in ``[0, M_g)``: the table column of each key.
-        impl: ``"fused"`` (augmented dot product through SDPA), ``"materialized"`` (explicit
-            float32 logits, chunked over queries) or ``"auto"`` (fused unless float64 or
-            ``query_chunk`` is given on a device without fused kernels).
-        query_chunk: queries per chunk for the materialized route (0 = all at once).
+        impl: one of :data:`LOGIT_TABLE_IMPLS`: ``"fused"`` (augmented dot product through
+            SDPA), ``"materialized"`` (explicit float32 logits, chunked over queries),
+            ``"triton"`` (flash attention with the tables added in the kernel; 2D row/column
+            tables only; CUDA), ``"flex"`` (``flex_attention`` score_mod; backward on CUDA only) or
+            ``"auto"`` (:func:`auto_logit_table_impl`: fused, except for float64 inputs and
+            while tracing/exporting).
+        query_chunk: queries per chunk of the materialized route (0 = all at once); it bounds
+            that route's peak memory to ``N * query_chunk * Lk`` logits. The fused route never
+            stores the logits and ignores it.
 
     Returns:
         ``[*, Lq, dv]``.
     """
-    if impl not in LOGIT_TABLE_IMPLS:
-        raise ValueError(f"impl must be one of {LOGIT_TABLE_IMPLS}; got {impl!r}")
+    check_impl(impl, LOGIT_TABLE_IMPLS)
     if len(tables) != len(key_index):
         raise ValueError(f"got {len(tables)} tables but {len(key_index)} key indices")
-    if impl == "auto":
-        # float64 (tests, gradcheck) has no fused kernel worth using; everything else does.
-        impl = "materialized" if q.dtype == torch.float64 else "fused"
-    if impl == "fused":
-        return _fused(q, k, v, tables, key_index)
-    return _materialized(q, k, v, tables, key_index, query_chunk)
+    check_query_chunk(query_chunk)
+    fn = LOGIT_TABLE_BACKENDS[auto_logit_table_impl(q) if impl == "auto" else impl]
+    return fn(q, k, v, tables, key_index, query_chunk=query_chunk)

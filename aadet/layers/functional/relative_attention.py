@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .checks import check_query_chunk
 from .logit_tables import attention_with_logit_tables
 
 __all__ = [
@@ -196,7 +197,9 @@ def relative_self_attention_2d(
         rel_w: ``[2W - 1, dk]`` width embeddings, or None for no width term.
         impl: ``"auto"``, ``"fused"`` or ``"materialized"``; see
             :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
-        query_chunk: queries per chunk of the materialized route (0 = all).
+        query_chunk: queries per chunk of the materialized route (0 = all); bounds its peak
+            memory (``B * Nh * query_chunk * HW`` logits), which matters where that route runs:
+            float64, ``impl="materialized"``, and tracing/export under ``"auto"``.
 
     Returns:
         ``[B, Nh, H, W, dv]``.
@@ -210,8 +213,7 @@ def relative_self_attention_2d(
         )
     _check_rel("rel_h", rel_h, h, "H", dk)
     _check_rel("rel_w", rel_w, w, "W", dk)
-    if query_chunk < 0:
-        raise ValueError(f"query_chunk must be >= 0 (0 = all queries at once); got {query_chunk}")
+    check_query_chunk(query_chunk)
     tables, key_index = relative_logit_tables_2d(q, rel_h, rel_w)
     out = attention_with_logit_tables(
         q.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]

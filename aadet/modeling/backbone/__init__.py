@@ -1,8 +1,11 @@
-from detectron2.modeling.backbone import build_resnet_backbone
-
-from .aa_resnet import build_aa_resnet_backbone  # noqa: F401
-from .fpn import FPN_SPATIAL_LAYER_REGISTRY, build_fpn, register_fpn_builders  # noqa: F401
-from .sasa_resnet import build_sasa_resnet_backbone  # noqa: F401
-
-# The convolutional baseline: Detectron2's ResNet under our FPN builders (P6/P7 source, levels).
-register_fpn_builders("conv_resnet", build_resnet_backbone)
+"""Bottom-up networks (AA-ResNet, SASA-ResNet on one shared ResNet stage builder) and RetinaNet's
+FPN over them, each registered in Detectron2's ``BACKBONE_REGISTRY``."""
+from .fpn import (  # noqa: F401
+    FPN_SPATIAL_LAYER_REGISTRY,
+    build_retinanet_conv_resnet_fpn_backbone,
+    build_retinanet_fpn,
+)
+from .attention_fpn import attention_spatial_layers, convert_fpn_to_attention  # noqa: F401
+from .resnet_stages import ResNetStage, build_resnet  # noqa: F401
+from .aa_resnet import build_aa_resnet_backbone, build_retinanet_aa_resnet_fpn_backbone  # noqa: F401
+from .sasa_resnet import build_retinanet_sasa_resnet_fpn_backbone, build_sasa_resnet_backbone  # noqa: F401

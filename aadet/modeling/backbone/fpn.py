@@ -1,50 +1,70 @@
-"""FPN builders shared by every bottom-up network (conv ResNet, AA-ResNet, SASA-ResNet).
+"""RetinaNet's FPN over any bottom-up network (conv ResNet, AA-ResNet, SASA-ResNet).
 
-For each bottom-up builder ``build_<name>_backbone`` registered in ``BACKBONE_REGISTRY``,
-:func:`register_fpn_builders` registers two more, the way Detectron2 names its own:
+:func:`build_retinanet_fpn` builds Detectron2's ``FPN`` with RetinaNet's P6/P7 (stride-2 3x3
+convs), taken from ``res5`` or ``p5`` (``MODEL.FPN.P6P7_SOURCE``; the AA paper's RetinaNet uses
+P5), built only when ``MODEL.RETINANET.IN_FEATURES`` asks for them. ``MODEL.FPN.SPATIAL_LAYER``
+then picks what makes the FPN's 3x3 outputs and P6/P7, through ``FPN_SPATIAL_LAYER_REGISTRY``:
+"conv" (:func:`keep_conv_spatial_layers`) or "attention" (SASA's attentional FPN,
+:func:`~aadet.modeling.backbone.attention_fpn.attention_spatial_layers`).
 
-* ``build_<name>_fpn_backbone``: FPN P2-P6 (P6 by max pooling), as Detectron2's R-CNN FPN;
-* ``build_retinanet_<name>_fpn_backbone``: FPN with RetinaNet's P6/P7 (stride-2 3x3 convs),
-  taken from ``res5`` or ``p5`` (``MODEL.FPN.P6P7_SOURCE``; the AA paper's RetinaNet uses P5).
-  P6/P7 are only built when ``MODEL.RETINANET.IN_FEATURES`` asks for them.
-
-``MODEL.FPN.SPATIAL_LAYER`` picks what makes the FPN's 3x3 outputs and P6/P7: "conv", or
-"attention" (SASA's attentional FPN), through ``FPN_SPATIAL_LAYER_REGISTRY``.
+Registered backbone builders (one per bottom-up network, each a plain ``def`` next to its
+bottom-up builder): ``build_retinanet_conv_resnet_fpn_backbone`` (here: Detectron2's ResNet),
+``build_retinanet_aa_resnet_fpn_backbone``, ``build_retinanet_sasa_resnet_fpn_backbone``.
 """
 from detectron2.layers import ShapeSpec
-from detectron2.modeling.backbone import BACKBONE_REGISTRY
-from detectron2.modeling.backbone.fpn import FPN, LastLevelMaxPool, LastLevelP6P7
+from detectron2.modeling.backbone import BACKBONE_REGISTRY, build_resnet_backbone
+from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
 from detectron2.utils.registry import Registry
 
-__all__ = ["FPN_SPATIAL_LAYER_REGISTRY", "build_fpn", "register_fpn_builders"]
+__all__ = [
+    "FPN_SPATIAL_LAYER_REGISTRY",
+    "build_retinanet_fpn",
+    "keep_conv_spatial_layers",
+    "build_retinanet_conv_resnet_fpn_backbone",
+]
 
-FPN_SPATIAL_LAYER_REGISTRY = Registry("FPN_SPATIAL_LAYER")
+
+class _NamedRegistry(Registry):
+    """Detectron2's ``Registry`` whose ``register("name")`` files an object under a given name
+    (the config value), so the object itself can have a descriptive name."""
+
+    def register(self, obj=None):
+        if isinstance(obj, str):
+            name = obj
+
+            def deco(func_or_class):
+                self._do_register(name, func_or_class)
+                return func_or_class
+
+            return deco
+        return super().register(obj)
+
+
+FPN_SPATIAL_LAYER_REGISTRY = _NamedRegistry("FPN_SPATIAL_LAYER")
 FPN_SPATIAL_LAYER_REGISTRY.__doc__ = """
-Converters ``fn(fpn: FPN, cfg) -> FPN`` (registered under their function's name) that replace the spatial layers of a built FPN
-(its 3x3 output convs and the P6/P7 convs). Selected by ``MODEL.FPN.SPATIAL_LAYER``.
+Converters ``fn(fpn: FPN, cfg) -> FPN`` that replace the spatial layers of a built FPN (its 3x3
+output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER value>")``.
+``validate_aadet_config`` accepts exactly the registered names.
 """
 
 
-@FPN_SPATIAL_LAYER_REGISTRY.register()
-def conv(fpn, cfg):
-    """Keep Detectron2's 3x3 output convs and P6/P7 convs."""
+@FPN_SPATIAL_LAYER_REGISTRY.register("conv")
+def keep_conv_spatial_layers(fpn: FPN, cfg) -> FPN:
+    """``MODEL.FPN.SPATIAL_LAYER = "conv"``: keep Detectron2's 3x3 output convs and P6/P7 convs."""
     return fpn
 
 
-def build_fpn(cfg, bottom_up, retinanet: bool):
-    """Build an FPN over ``bottom_up``; ``retinanet`` selects P6/P7 convs over P6 pooling."""
+def build_retinanet_fpn(cfg, bottom_up) -> FPN:
+    """RetinaNet's FPN over ``bottom_up`` (P6/P7 convs if asked for), spatial layers converted by
+    the ``MODEL.FPN.SPATIAL_LAYER`` entry of ``FPN_SPATIAL_LAYER_REGISTRY``."""
     out_channels = cfg.MODEL.FPN.OUT_CHANNELS
-    if retinanet:
-        wants_p67 = any(f in ("p6", "p7") for f in cfg.MODEL.RETINANET.IN_FEATURES)
-        if not wants_p67:
-            top_block = None
-        elif cfg.MODEL.FPN.P6P7_SOURCE == "p5":
-            top_block = LastLevelP6P7(out_channels, out_channels, in_feature="p5")
-        else:
-            in_ch = bottom_up.output_shape()["res5"].channels
-            top_block = LastLevelP6P7(in_ch, out_channels, in_feature="res5")
+    if not any(f in ("p6", "p7") for f in cfg.MODEL.RETINANET.IN_FEATURES):
+        top_block = None
+    elif cfg.MODEL.FPN.P6P7_SOURCE == "p5":
+        top_block = LastLevelP6P7(out_channels, out_channels, in_feature="p5")
     else:
-        top_block = LastLevelMaxPool()
+        in_channels = bottom_up.output_shape()["res5"].channels
+        top_block = LastLevelP6P7(in_channels, out_channels, in_feature="res5")
     fpn = FPN(
         bottom_up=bottom_up,
         in_features=cfg.MODEL.FPN.IN_FEATURES,
@@ -56,18 +76,7 @@ def build_fpn(cfg, bottom_up, retinanet: bool):
     return FPN_SPATIAL_LAYER_REGISTRY.get(cfg.MODEL.FPN.SPATIAL_LAYER)(fpn, cfg)
 
 
-def register_fpn_builders(name: str, bottom_up_builder):
-    """Register ``build_<name>_fpn_backbone`` and ``build_retinanet_<name>_fpn_backbone``."""
-
-    def fpn_builder(cfg, input_shape: ShapeSpec):
-        return build_fpn(cfg, bottom_up_builder(cfg, input_shape), retinanet=False)
-
-    def retinanet_builder(cfg, input_shape: ShapeSpec):
-        return build_fpn(cfg, bottom_up_builder(cfg, input_shape), retinanet=True)
-
-    for fn, fn_name in ((fpn_builder, f"build_{name}_fpn_backbone"),
-                        (retinanet_builder, f"build_retinanet_{name}_fpn_backbone")):
-        fn.__name__ = fn.__qualname__ = fn_name
-        fn.__doc__ = f"{'RetinaNet ' if 'retinanet' in fn_name else ''}FPN over ``{bottom_up_builder.__name__}``."
-        BACKBONE_REGISTRY.register(fn)
-    return fpn_builder, retinanet_builder
+@BACKBONE_REGISTRY.register()
+def build_retinanet_conv_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
+    """The convolutional baseline: RetinaNet FPN over Detectron2's ``build_resnet_backbone``."""
+    return build_retinanet_fpn(cfg, build_resnet_backbone(cfg, input_shape))

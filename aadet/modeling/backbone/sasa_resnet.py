@@ -8,12 +8,12 @@ the attention's 2x2 average pooling. Depth scaling removes layers from every gro
 ResNet-38 remove 2 and 1 blocks per stage from ResNet-50's ``[3, 4, 6, 3]``. The stem is the
 ResNet conv stem or the spatially-aware attention stem (Section 3.2).
 
-Registered as ``build_sasa_resnet_backbone`` (bottom-up), and, through
-:func:`~aadet.modeling.backbone.fpn.register_fpn_builders`, ``build_sasa_resnet_fpn_backbone``
-and ``build_retinanet_sasa_resnet_fpn_backbone``.
+The stages are Detectron2's (:func:`~aadet.modeling.backbone.resnet_stages.build_resnet`) with
+:class:`SASABottleneckBlock` in ``MODEL.SASA.STAGES``. Registered as ``build_sasa_resnet_backbone``
+(bottom-up) and ``build_retinanet_sasa_resnet_fpn_backbone``.
 
-Config keys: ``MODEL.SASA.*`` (``STAGES``, ``KERNEL_SIZE``, ``NUM_HEADS``,
-``POSITIONAL_ENCODING``, ``BLOCK_SIZE``, ``IMPL``, ``STEM``, ``STEM_*``) and Detectron2's
+Config keys: ``MODEL.SASA.*`` (``STAGES``, ``STEM``, ``STEM_*``, and the layer keys read by
+:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`) and Detectron2's
 ``MODEL.RESNETS.*`` (``DEPTH``, ``NORM``, ``OUT_FEATURES``, ``STEM_OUT_CHANNELS``,
 ``RES2_OUT_CHANNELS``, ``WIDTH_PER_GROUP``, ``NUM_GROUPS``, ``STRIDE_IN_1X1``,
 ``RES5_DILATION``, ``DEFORM_ON_PER_STAGE``) and ``MODEL.BACKBONE.FREEZE_AT``.
@@ -21,26 +21,28 @@ Config keys: ``MODEL.SASA.*`` (``STAGES``, ``KERNEL_SIZE``, ``NUM_HEADS``,
 import fvcore.nn.weight_init as weight_init
 from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
-from detectron2.modeling.backbone.resnet import (
-    BasicStem,
-    BottleneckBlock,
-    DeformBottleneckBlock,
-    ResNet,
-)
+from detectron2.modeling.backbone.fpn import FPN
+from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
 
-from ...config import ConfigValueError
+from ...config import check_sasa_config, config_error
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
-from ...layers.local_attention import LocalSelfAttention2d
-from .fpn import register_fpn_builders
+from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
+from .fpn import build_retinanet_fpn
+from .resnet_stages import ResNetStage, build_resnet
 
-__all__ = ["SASABottleneckBlock", "SASA_BLOCKS_PER_STAGE", "build_sasa_resnet_backbone"]
+__all__ = [
+    "SASABottleneckBlock",
+    "SASA_BLOCKS_PER_STAGE",
+    "build_sasa_resnet_backbone",
+    "build_retinanet_sasa_resnet_fpn_backbone",
+]
 
 # Blocks per stage (res2..res5). 26/38: ResNet-50 minus 2/1 blocks per stage (paper Sec. 4.1).
 SASA_BLOCKS_PER_STAGE = {
-    26: [1, 2, 4, 1],
-    38: [2, 3, 5, 2],
-    50: [3, 4, 6, 3],
-    101: [3, 4, 23, 3],
+    26: (1, 2, 4, 1),
+    38: (2, 3, 5, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
 }
 
 
@@ -51,7 +53,8 @@ class SASABottleneckBlock(BottleneckBlock):
     pooling) + norm -> ReLU -> ``conv3`` (1x1), plus the shortcut: Detectron2's forward,
     unchanged. The stride is always in the attention layer (``stride_in_1x1`` is ignored: a
     strided 1x1 would throw away 3/4 of the pixels before the attention could look at them).
-    The value projection is initialised like the convolution it replaces (``c2_msra_fill``).
+    ``conv2`` is :func:`~aadet.modeling.attention_layers.local_attention_for_conv` of the 3x3
+    convolution it replaces (its norm; value projection initialised with ``c2_msra_fill``).
 
     Args (in addition to ``BottleneckBlock``'s):
         kernel_size, num_heads, positional_encoding, block_size, impl: of the attention layer.
@@ -75,13 +78,9 @@ class SASABottleneckBlock(BottleneckBlock):
         impl="auto",
     ):
         if num_groups != 1:
-            raise ValueError(
-                f"Attention blocks need num_groups=1 (MODEL.RESNETS.NUM_GROUPS); got {num_groups}"
-            )
+            raise ValueError(f"SASABottleneckBlock needs num_groups=1; got {num_groups}")
         if dilation != 1:
-            raise ValueError(
-                f"Attention blocks need dilation=1 (MODEL.RESNETS.RES5_DILATION); got {dilation}"
-            )
+            raise ValueError(f"SASABottleneckBlock needs dilation=1; got {dilation}")
         super().__init__(
             in_channels,
             out_channels,
@@ -92,44 +91,30 @@ class SASABottleneckBlock(BottleneckBlock):
             stride_in_1x1=False,
             dilation=1,
         )
-        # conv1 was built with stride 1 (stride_in_1x1=False); replace the 3x3 conv2.
-        self.conv2 = LocalSelfAttention2d(
-            bottleneck_channels,
-            bottleneck_channels,
+        # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
+        self.conv2 = local_attention_for_conv(
+            self.conv2,
+            weight_init.c2_msra_fill,
             kernel_size=kernel_size,
             num_heads=num_heads,
-            stride=stride,
             positional_encoding=positional_encoding,
             block_size=block_size,
             impl=impl,
-            norm=get_norm(norm, bottleneck_channels),
         )
-        weight_init.c2_msra_fill(self.conv2.value)
-
-
-def _sasa_options(cfg):
-    sa = cfg.MODEL.SASA
-    return dict(
-        kernel_size=sa.KERNEL_SIZE,
-        num_heads=sa.NUM_HEADS,
-        positional_encoding=sa.POSITIONAL_ENCODING,
-        block_size=sa.BLOCK_SIZE,
-        impl=sa.IMPL,
-    )
 
 
 def _build_stem(cfg, input_shape: ShapeSpec):
+    """``MODEL.SASA.STEM``: ResNet's conv stem, or the spatially-aware attention stem."""
     norm = cfg.MODEL.RESNETS.NORM
     out_channels = cfg.MODEL.RESNETS.STEM_OUT_CHANNELS
     sa = cfg.MODEL.SASA
     if sa.STEM == "conv":
         return BasicStem(in_channels=input_shape.channels, out_channels=out_channels, norm=norm)
-    if sa.STEM != "attention":
-        raise ConfigValueError(f"Config key MODEL.SASA.STEM must be 'conv' or 'attention'; got {sa.STEM!r}.")
     if out_channels % sa.STEM_NUM_HEADS != 0:
-        raise ConfigValueError(
-            f"Config key MODEL.SASA.STEM_NUM_HEADS must divide MODEL.RESNETS.STEM_OUT_CHANNELS="
-            f"{out_channels}; got {sa.STEM_NUM_HEADS!r}."
+        raise config_error(
+            "MODEL.SASA.STEM_NUM_HEADS",
+            f"a divisor of MODEL.RESNETS.STEM_OUT_CHANNELS={out_channels}",
+            sa.STEM_NUM_HEADS,
         )
     return SpatiallyAwareAttentionStem(
         input_shape.channels,
@@ -143,8 +128,36 @@ def _build_stem(cfg, input_shape: ShapeSpec):
     )
 
 
+def _check_attention_stage(cfg, stage: ResNetStage):
+    """Settings an attention stage cannot take (the conv stages may)."""
+    sa = cfg.MODEL.SASA
+    name, width = stage.name, stage.bottleneck_channels
+    if stage.num_groups != 1:
+        raise config_error(
+            "MODEL.RESNETS.NUM_GROUPS",
+            f"1 when {name} uses attention (MODEL.SASA.STAGES={tuple(sa.STAGES)})",
+            stage.num_groups,
+        )
+    if stage.dilation != 1:
+        raise config_error("MODEL.RESNETS.RES5_DILATION", "1 when res5 uses attention", stage.dilation)
+    if width % sa.NUM_HEADS != 0:
+        raise config_error(
+            "MODEL.SASA.NUM_HEADS",
+            f"a divisor of the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * "
+            "2^stage)",
+            sa.NUM_HEADS,
+        )
+    if sa.POSITIONAL_ENCODING == "relative" and width // sa.NUM_HEADS < 2:
+        raise config_error(
+            "MODEL.SASA.NUM_HEADS",
+            f"at most {width // 2} (>= 2 channels per head for relative positions in {name}, "
+            f"bottleneck width {width})",
+            sa.NUM_HEADS,
+        )
+
+
 @BACKBONE_REGISTRY.register()
-def build_sasa_resnet_backbone(cfg, input_shape: ShapeSpec):
+def build_sasa_resnet_backbone(cfg, input_shape: ShapeSpec) -> ResNet:
     """SASA-ResNet-{26, 38, 50, 101} from ``cfg`` (see the module docstring for the keys).
 
     Stages in ``MODEL.SASA.STAGES`` use :class:`SASABottleneckBlock`, the others Detectron2's
@@ -152,85 +165,27 @@ def build_sasa_resnet_backbone(cfg, input_shape: ShapeSpec):
     paper's Table 3 mixtures are configs. Raises ``ConfigValueError`` naming the key for
     settings an attention stage cannot take.
     """
-    r = cfg.MODEL.RESNETS
-    sa = cfg.MODEL.SASA
-    depth = r.DEPTH
-    if depth not in SASA_BLOCKS_PER_STAGE:
-        raise ConfigValueError(
-            f"Config key MODEL.RESNETS.DEPTH must be one of {tuple(SASA_BLOCKS_PER_STAGE)} for "
-            f"build_sasa_resnet_backbone; got {depth!r}."
-        )
-    bad = [s for s in sa.STAGES if s not in ("res2", "res3", "res4", "res5")]
-    if bad:
-        raise ConfigValueError(
-            f"Config key MODEL.SASA.STAGES must be a subset of ('res2', 'res3', 'res4', 'res5'); "
-            f"got {tuple(sa.STAGES)!r}."
-        )
-    stem = _build_stem(cfg, input_shape)
+    check_sasa_config(cfg)
+    attention_stages = tuple(cfg.MODEL.SASA.STAGES)
+    attention = sasa_layer_kwargs(cfg)
 
-    num_groups = r.NUM_GROUPS
-    bottleneck_channels = num_groups * r.WIDTH_PER_GROUP
-    in_channels = r.STEM_OUT_CHANNELS
-    out_channels = r.RES2_OUT_CHANNELS
-    attn = _sasa_options(cfg)
-    stages = []
-    for idx, num_blocks in enumerate(SASA_BLOCKS_PER_STAGE[depth]):
-        name = f"res{idx + 2}"
-        dilation = r.RES5_DILATION if name == "res5" else 1
-        first_stride = 1 if idx == 0 or (name == "res5" and dilation == 2) else 2
-        kwargs = dict(
-            num_blocks=num_blocks,
-            stride_per_block=[first_stride] + [1] * (num_blocks - 1),
-            in_channels=in_channels,
-            out_channels=out_channels,
-            bottleneck_channels=bottleneck_channels,
-            norm=r.NORM,
-            dilation=dilation,
-            num_groups=num_groups,
-            stride_in_1x1=r.STRIDE_IN_1X1,
-        )
-        if name in sa.STAGES:
-            if num_groups != 1:
-                raise ConfigValueError(
-                    f"Config key MODEL.RESNETS.NUM_GROUPS must be 1 when {name} uses attention "
-                    f"(MODEL.SASA.STAGES={tuple(sa.STAGES)}); got {num_groups!r}."
-                )
-            if dilation != 1:
-                raise ConfigValueError(
-                    "Config key MODEL.RESNETS.RES5_DILATION must be 1 when res5 uses attention; "
-                    f"got {dilation!r}."
-                )
-            if r.DEFORM_ON_PER_STAGE[idx]:
-                raise ConfigValueError(
-                    f"Config key MODEL.RESNETS.DEFORM_ON_PER_STAGE must be False for {name}, "
-                    f"which uses attention; got {tuple(r.DEFORM_ON_PER_STAGE)!r}."
-                )
-            if bottleneck_channels % sa.NUM_HEADS != 0:
-                raise ConfigValueError(
-                    f"Config key MODEL.SASA.NUM_HEADS must divide the {name} bottleneck width "
-                    f"{bottleneck_channels} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage); got "
-                    f"{sa.NUM_HEADS!r}."
-                )
-            if sa.POSITIONAL_ENCODING == "relative" and bottleneck_channels // sa.NUM_HEADS < 2:
-                raise ConfigValueError(
-                    f"Config key MODEL.SASA.NUM_HEADS must leave >= 2 channels per head for "
-                    f"relative positions in {name} (bottleneck width {bottleneck_channels}); "
-                    f"got {sa.NUM_HEADS!r}."
-                )
-            kwargs.update(block_class=SASABottleneckBlock, **attn)
-        elif r.DEFORM_ON_PER_STAGE[idx]:
-            kwargs.update(
-                block_class=DeformBottleneckBlock,
-                deform_modulated=r.DEFORM_MODULATED,
-                deform_num_groups=r.DEFORM_NUM_GROUPS,
-            )
-        else:
-            kwargs.update(block_class=BottleneckBlock)
-        stages.append(ResNet.make_stage(**kwargs))
-        in_channels = out_channels
-        out_channels *= 2
-        bottleneck_channels *= 2
-    return ResNet(stem, stages, out_features=r.OUT_FEATURES, freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT)
+    def block_for_stage(stage: ResNetStage):
+        if stage.name not in attention_stages:
+            return None
+        _check_attention_stage(cfg, stage)
+        return SASABottleneckBlock, attention
+
+    return build_resnet(
+        cfg,
+        _build_stem(cfg, input_shape),
+        block_for_stage=block_for_stage,
+        blocks_per_stage=SASA_BLOCKS_PER_STAGE,
+        attention_stages=attention_stages,
+        builder="build_sasa_resnet_backbone",
+    )
 
 
-register_fpn_builders("sasa_resnet", build_sasa_resnet_backbone)
+@BACKBONE_REGISTRY.register()
+def build_retinanet_sasa_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
+    """RetinaNet FPN (:func:`~.fpn.build_retinanet_fpn`) over :func:`build_sasa_resnet_backbone`."""
+    return build_retinanet_fpn(cfg, build_sasa_resnet_backbone(cfg, input_shape))

@@ -14,6 +14,8 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
 from detectron2.utils.events import get_event_storage
 from detectron2.utils.registry import Registry
 
+from ...engine.d2compat import EMAUpdateHook
+
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
 
 RETINANET_HEAD_REGISTRY = Registry("RETINANET_HEAD")
@@ -30,7 +32,7 @@ def build_retinanet_head(cfg, feature_shapes):
 
 
 @META_ARCH_REGISTRY.register()
-class AADetRetinaNet(RetinaNet):
+class AADetRetinaNet(EMAUpdateHook, RetinaNet):
     """Detectron2's RetinaNet with the head chosen by ``MODEL.RETINANET.HEAD_NAME`` and a
     checkpointed loss normalizer."""
 
@@ -40,9 +42,9 @@ class AADetRetinaNet(RetinaNet):
         # EMA of the positive-anchor count; < 0 = not started (Detectron2 then starts at 100).
         self.register_buffer("loss_normalizer_ema", torch.tensor(-1.0, dtype=torch.float64))
 
-    def _ema_update(self, name, value, initial_value, momentum=0.9):
+    def ema_update(self, name, value, initial_value, momentum=0.9):
         if name != "loss_normalizer":
-            return super()._ema_update(name, value, initial_value, momentum)
+            return super().ema_update(name, value, initial_value, momentum)
         old = float(self.loss_normalizer_ema)
         new = (initial_value if old < 0 else old) * momentum + value * (1 - momentum)
         self.loss_normalizer_ema.fill_(new)

@@ -1,0 +1,237 @@
+"""SASA local attention blocked with halos: the ``"fused"`` (CUDA default) and ``"materialized"``
+(export) routes.
+
+Computes :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3,
+windows clipped to the map) as blocked attention with halos, as in the paper's TPU
+implementation and timm's ``HaloAttn``, but exact at the borders and for any size:
+
+1. pad the map to multiples of a block ``bh x bw`` (``min(block_size, H or W)``); queries are
+   the ``bh * bw`` pixels of a block; keys/values the ``(bh + 2r) x (bw + 2r)`` window around it
+   (a "halo" unfold: ``(b + 2r)^2 / b^2`` copies of ``k`` and ``v``, never ``k^2``);
+2. everything positional is a *query-side table* over the window's rows (and one over its
+   columns): ``T_row[i, u] = q_i[:dk//2] . rel_h[u - row(i)]`` when key row ``u`` is within
+   ``r`` of the query's row *and* inside the map, ``MASK_VALUE`` otherwise (same for columns);
+   the logit of key ``(u, u')`` is ``q.k + T_row[i, u] + T_col[i, u']``;
+3. :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` adds the tables
+   inside a fused SDPA kernel (``"fused"``; on CUDA one fused kernel per layer should beat the
+   neighborhood route's ``2 k^2`` elementwise launches -- not yet measured on a GPU:
+   ``tools/benchmark_layers.py --device cuda``) or an explicit float32 softmax
+   (``"materialized"``: plain tensor ops only, the route ``impl="auto"`` takes under tracing
+   and ONNX export);
+4. padded query positions are dropped.
+
+Every query's own position is always unmasked (padded queries too), so no softmax row is
+empty. The finite ``MASK_VALUE`` (-1e4) is exact as long as content logits stay far below 5e3
+in magnitude (they are O(1)-O(10) in trained models).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import is_exporting
+from .logit_tables import MASK_VALUE, attention_with_logit_tables
+
+__all__ = [
+    "halo_local_attention",
+    "halo_local_attention_fused",
+    "halo_local_attention_macs",
+    "halo_local_attention_materialized",
+]
+
+
+def _tile(block_size: int, h: int, w: int) -> Tuple[int, int]:
+    """The query tile ``(bh, bw)``: ``block_size`` capped at the map's sides."""
+    return min(block_size, h), min(block_size, w)
+
+
+def _pad_map(x: torch.Tensor, hp: int, wp: int, halo: int) -> torch.Tensor:
+    """``[N, H, W, d]`` -> ``[N, hp + 2 halo, wp + 2 halo, d]``, zeros around (``halo`` before)."""
+    h, w = x.shape[1], x.shape[2]
+    return F.pad(x, (0, 0, halo, wp - w + halo, halo, hp - h + halo))
+
+
+def _query_blocks(x: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
+    """``[N, hp, wp, d]`` -> ``[N, nby * nbx, bh * bw, d]`` (row-major pixels of each block)."""
+    n, hp, wp, d = x.shape
+    x = x.view(n, hp // bh, bh, wp // bw, bw, d).permute(0, 1, 3, 2, 4, 5)  # [N, nby, nbx, bh, bw, d]
+    return x.reshape(n, (hp // bh) * (wp // bw), bh * bw, d)
+
+
+def _halo_windows(x: torch.Tensor, bh: int, bw: int, halo: int) -> torch.Tensor:
+    """``[N, hp + 2h, wp + 2h, d]`` -> ``[N, nby * nbx, (bh + 2h) * (bw + 2h), d]``.
+
+    Windows of consecutive blocks overlap by ``2h`` rows/columns; the unfold is a view and the
+    final reshape copies ``(bh + 2h)(bw + 2h) / (bh bw)`` times the map. While exporting, the
+    same windows come from two ``index_select`` (ONNX ``Gather``): ``Tensor.unfold`` has no
+    ONNX form once the map's size is traced.
+    """
+    n, hp2, wp2, d = x.shape
+    uh, uw = bh + 2 * halo, bw + 2 * halo
+    nby, nbx = (hp2 - 2 * halo) // bh, (wp2 - 2 * halo) // bw
+    if is_exporting():
+        rows = (torch.arange(nby, device=x.device)[:, None] * bh
+                + torch.arange(uh, device=x.device)[None, :])  # [nby, Uh] map row of window row
+        cols = (torch.arange(nbx, device=x.device)[:, None] * bw
+                + torch.arange(uw, device=x.device)[None, :])  # [nbx, Uw]
+        x = x.index_select(1, rows.flatten()).view(n, nby, uh, wp2, d)
+        x = x.index_select(3, cols.flatten()).view(n, nby, uh, nbx, uw, d)
+        x = x.permute(0, 1, 3, 2, 4, 5)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
+    else:
+        x = x.unfold(1, uh, bh)  # [N, nby, Wp + 2h, d, bh + 2h]
+        x = x.unfold(2, uw, bw)  # [N, nby, nbx, d, bh + 2h, bw + 2h]
+        x = x.permute(0, 1, 2, 4, 5, 3)  # [N, nby, nbx, bh + 2h, bw + 2h, d]
+    return x.reshape(n, nby * nbx, uh * uw, d)
+
+
+def _axis_validity(
+    size: int, block: int, num_blocks: int, halo: int, radius: int, device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Along one axis: which window lines a query line may attend to, and their offset index.
+
+    For block ``n``, query line ``i`` (in the block) and window line ``u`` (map line
+    ``n * block - halo + u``), the relative index is ``t = u - i + radius - halo`` (the key-minus-
+    query offset plus ``radius``). Returns ``valid [num_blocks, block, U]`` (``0 <= t <= 2 radius``
+    and the key line inside the map, or ``u`` being the query's own line) and ``t [block, U]``.
+    """
+    win = block + 2 * halo
+    i = torch.arange(block, device=device)[:, None]  # [block, 1]
+    u = torch.arange(win, device=device)[None, :]  # [1, U]
+    t = u - i + (radius - halo)  # [block, U]
+    in_window = (t >= 0) & (t <= 2 * radius)  # [block, U]
+    line = torch.arange(num_blocks, device=device)[:, None] * block - halo + u  # [nb, U]
+    in_map = (line >= 0) & (line < size)  # [nb, U]
+    own = (u == i + halo)  # [block, U]: the query's own line (also for padded queries)
+    valid = (in_window[None] & in_map[:, None, :]) | own[None]  # [nb, block, U]
+    return valid, t
+
+
+def _axis_table(
+    q_part: torch.Tensor,
+    rel: Optional[torch.Tensor],
+    valid: torch.Tensor,
+    t: torch.Tensor,
+    axis: str,
+) -> torch.Tensor:
+    """One query-side logit table over the window's rows (``axis="row"``) or columns.
+
+    Args:
+        q_part: ``[N, nby, nbx, bh, bw, dr]`` the query channels paired with ``rel``.
+        rel: ``[R, dr]`` offset embeddings (``R = 2 radius + 1``) or None (no positional term).
+        valid: ``[nb, b, U]`` from :func:`_axis_validity` (``nb, b`` = blocks/lines of ``axis``).
+        t: ``[b, U]`` relative index of window line ``u`` for query line ``i``.
+
+    Returns:
+        ``[N, nby, nbx, bh, bw, U]``: ``q_part . rel[t]`` where valid, ``MASK_VALUE`` elsewhere.
+    """
+    if axis == "row":
+        valid = valid[:, None, :, None, :]  # [nby, 1, bh, 1, U]
+    else:
+        valid = valid[None, :, None, :, :]  # [1, nbx, 1, bw, U]
+    if rel is None:
+        zero = torch.zeros((), dtype=q_part.dtype, device=q_part.device)
+        table = torch.where(valid, zero, torch.full_like(zero, MASK_VALUE))
+        return table.expand(*q_part.shape[:-1], valid.shape[-1])
+    num_rel = rel.shape[0]
+    logits = torch.matmul(q_part, rel.to(q_part.dtype).t())  # [N, nby, nbx, bh, bw, R]
+    # One-hot E[i, t, u] = [t(i, u) == t] moves relative index t to window line u: an exact
+    # 0/1 matmul (one nonzero per output), batched over the query line i.
+    onehot = (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None])
+    onehot = onehot.to(logits.dtype)  # [b, R, U]
+    if axis == "row":
+        table = torch.einsum("nyxijt,itu->nyxiju", logits, onehot)
+    else:
+        table = torch.einsum("nyxijt,jtu->nyxiju", logits, onehot)
+    return torch.where(valid, table, torch.full_like(table[..., :1], MASK_VALUE))
+
+
+def _blocked_attention(
+    q, k, v, rel_h, rel_w, *, radius: int, halo: int, block_hw: Tuple[int, int], impl: str
+) -> torch.Tensor:
+    """Shared core: queries in ``bh x bw`` blocks, keys in the block plus ``halo``, keys further
+    than ``radius`` (per axis) or outside the map masked. Shapes as in :func:`halo_local_attention`."""
+    b, nh, h, w, dk = q.shape
+    dv = v.shape[-1]
+    bh, bw = block_hw
+    nby, nbx = -(-h // bh), -(-w // bw)
+    hp, wp = nby * bh, nbx * bw
+    n = b * nh
+
+    qb = _query_blocks(_pad_map(q.reshape(n, h, w, dk), hp, wp, 0), bh, bw)  # [N, nblk, bh*bw, dk]
+    kb = _halo_windows(_pad_map(k.reshape(n, h, w, dk), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dk]
+    vb = _halo_windows(_pad_map(v.reshape(n, h, w, dv), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dv]
+
+    dev = q.device
+    valid_r, t_r = _axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
+    valid_c, t_c = _axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
+    q6 = qb.view(n, nby, nbx, bh, bw, dk)
+    dr = dk // 2
+    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row")  # [N, nby, nbx, bh, bw, Uh]
+    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col")  # [N, nby, nbx, bh, bw, Uw]
+    uh, uw = bh + 2 * halo, bw + 2 * halo
+    row_t = row_t.reshape(n, nby * nbx, bh * bw, uh)
+    col_t = col_t.reshape(n, nby * nbx, bh * bw, uw)
+    # Key l = u * Uw + u' of the window sits on window row u and window column u'.
+    key_row = torch.arange(uh, device=dev).repeat_interleave(uw)  # [Lk]
+    key_col = torch.arange(uw, device=dev).repeat(uh)  # [Lk]
+
+    out = attention_with_logit_tables(
+        qb, kb, vb, [row_t, col_t], [key_row, key_col], impl=impl
+    )  # [N, nblk, bh*bw, dv]
+    out = out.view(n, nby, nbx, bh, bw, dv).permute(0, 1, 3, 2, 4, 5).reshape(n, hp, wp, dv)
+    return out[:, :h, :w].reshape(b, nh, h, w, dv)
+
+
+def halo_local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    kernel_size: int,
+    *,
+    block_size: int,
+    impl: str,
+) -> torch.Tensor:
+    """SASA local attention blocked with halos, on checked arguments.
+
+    Shapes as in :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`:
+    ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk -
+    dk//2]`` (or both None) -> ``[B, Nh, H, W, dv]``. ``block_size``: the query tile side (capped
+    at ``H`` / ``W``; any value gives the same result); ``impl``: ``"fused"`` or
+    ``"materialized"``, the route of
+    :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
+    """
+    r = (kernel_size - 1) // 2
+    block_hw = _tile(block_size, q.shape[2], q.shape[3])
+    return _blocked_attention(q, k, v, rel_h, rel_w, radius=r, halo=r, block_hw=block_hw, impl=impl)
+
+
+def halo_local_attention_fused(q, k, v, rel_h, rel_w, kernel_size, *, block_size: int):
+    """:func:`halo_local_attention` through fused SDPA (``impl="fused"``)."""
+    return halo_local_attention(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size, impl="fused")
+
+
+def halo_local_attention_materialized(q, k, v, rel_h, rel_w, kernel_size, *, block_size: int):
+    """:func:`halo_local_attention` with explicit float32 logits (``impl="materialized"``)."""
+    return halo_local_attention(
+        q, k, v, rel_h, rel_w, kernel_size, block_size=block_size, impl="materialized"
+    )
+
+
+def halo_local_attention_macs(
+    batch: int, heads: int, hw: Tuple[int, int], kernel_size: int, block_size: int,
+    dk: int, dv: int, relative: bool,
+) -> int:
+    """Multiply-adds of :func:`halo_local_attention`'s fused route (an estimate): every query of
+    a padded ``bh x bw`` tile scores the ``(bh + 2r) x (bw + 2r)`` window, each logit with
+    ``dk + Uh + Uw`` dims when position tables ride on the augmented dot product (the masks use
+    them too), plus the weighted sum over ``dv``. The one-hot einsums placing the tables in
+    window coordinates and the ``k``-offset table matmuls are not included."""
+    h, w = hw
+    r = (kernel_size - 1) // 2
+    bh, bw = _tile(block_size, h, w)
+    queries = (-(-h // bh) * bh) * (-(-w // bw) * bw)  # padded to whole tiles
+    uh, uw = bh + 2 * r, bw + 2 * r
+    extra = (uh + uw) if relative else 0
+    return batch * heads * queries * uh * uw * (dk + extra + dv)

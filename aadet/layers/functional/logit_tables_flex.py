@@ -1,0 +1,168 @@
+"""Attention with logit tables through PyTorch's ``flex_attention`` (``score_mod``).
+
+``flex_attention`` lets a ``score_mod(score, b, h, q_idx, kv_idx)`` edit every logit inside its
+fused kernel, so the tables of
+:func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` are added without
+widening the head::
+
+    score_mod: score + sum_g T_g[b, q_idx, key_index_g[kv_idx]]
+
+with ``T_g`` and ``key_index_g`` captured tensors (AA's 2D case: ``[T_row, T_col]`` keyed by
+``[j // W, j % W]``). Any key index layout works, so this route takes the general
+``(tables, key_index)`` arguments.
+
+Where it runs:
+
+* **CUDA**: compiled (``torch.compile(flex_attention)``, one Triton kernel, scores in float32);
+  forward and backward, gradients into the captured tables included (PyTorch accumulates them
+  with atomic adds). Head dims are zero-padded to a power of two >= 16 (exact).
+* **CPU: forward only.** ``flex_attention`` has no CPU backward (torch raises
+  ``NotImplementedError``), so a call that needs gradients on CPU raises here, naming the way
+  out, unless ``cpu_backward="materialized"`` is passed explicitly: then it runs the
+  materialized route of ``attention_with_logit_tables`` instead. By default CPU runs flex's
+  eager path, which stores the ``[N, Lq, Lk]`` scores (a reference, not a fast route);
+  ``compiled=True`` uses Inductor's CPU kernel.
+"""
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "FLEX_CPU_BACKWARD",
+    "flex_attention_with_logit_tables",
+    "flex_attention_with_row_col_tables",
+]
+
+# Allowed values of ``cpu_backward`` (the one definition).
+FLEX_CPU_BACKWARD = ("error", "materialized")
+
+_MIN_HEAD_DIM = 16
+_COMPILED = None
+
+
+def _flex(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(flex_attention)
+    return _COMPILED
+
+
+def _pad_head(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1]
+    target = max(_MIN_HEAD_DIM, 1 << max(0, d - 1).bit_length())
+    return x if target == d else F.pad(x, (0, target - d))
+
+
+def flex_attention_with_logit_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: List[torch.Tensor],
+    key_index: List[torch.Tensor],
+    *,
+    compiled: Optional[bool] = None,
+    cpu_backward: str = "error",
+) -> torch.Tensor:
+    """``softmax(q . k + sum_g tables[g][..., key_index[g]]) v`` with ``flex_attention``.
+
+    Args:
+        q: ``[*, Lq, d]`` queries (already scaled; no scaling happens here).
+        k: ``[*, Lk, d]`` keys.
+        v: ``[*, Lk, dv]`` values (q, k, v: one dtype).
+        tables: list of ``[*, Lq, M_g]`` query-side logit tables (float32 keeps the logits in
+            float32 under half inputs).
+        key_index: list of ``[Lk]`` long tensors in ``[0, M_g)``: the table column of each key.
+        compiled: run the compiled kernel (default: on CUDA yes, on CPU no -- eager reference).
+        cpu_backward: ``"error"`` (default: a CPU call that needs gradients raises) or
+            ``"materialized"`` (such a call runs the materialized route instead).
+
+    Returns:
+        ``[*, Lq, dv]`` in the dtype of ``v``.
+    """
+    if cpu_backward not in FLEX_CPU_BACKWARD:
+        raise ValueError(f"cpu_backward must be one of {FLEX_CPU_BACKWARD}; got {cpu_backward!r}")
+    if len(tables) != len(key_index):
+        raise ValueError(f"got {len(tables)} tables but {len(key_index)} key indices")
+    *batch, lq, d = q.shape
+    lk, dv = k.shape[-2], v.shape[-1]
+    if k.dim() != q.dim() or tuple(k.shape[:-2]) != tuple(batch) or k.shape[-1] != d:
+        raise ValueError(f"k must have shape [*, Lk, d] with [*] = {batch}, d = {d}; "
+                         f"got {tuple(k.shape)}")
+    if v.dim() != q.dim() or tuple(v.shape[:-1]) != (*batch, lk):
+        raise ValueError(f"v must have shape [*, Lk, dv] = [{batch}, {lk}, dv]; got {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    for t, idx in zip(tables, key_index):
+        if t.dim() != q.dim() or tuple(t.shape[:-1]) != (*batch, lq):
+            raise ValueError(f"each table must have shape [*, Lq, M] with [*, Lq] = "
+                             f"{[*batch, lq]}; got {tuple(t.shape)}")
+        if tuple(idx.shape) != (lk,):
+            raise ValueError(f"each key index must have shape [Lk] = [{lk}]; got {tuple(idx.shape)}")
+
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *tables))
+    if q.device.type == "cpu" and needs_grad:
+        if cpu_backward == "materialized":
+            from .logit_tables import attention_with_logit_tables
+
+            return attention_with_logit_tables(q, k, v, tables, key_index, impl="materialized")
+        raise RuntimeError(
+            "the 'flex' attention route has no backward on CPU (flex_attention raises "
+            "NotImplementedError); run it under torch.no_grad(), on CUDA, pass "
+            "cpu_backward='materialized', or use impl='fused' / 'materialized'"
+        )
+    compiled = q.device.type == "cuda" if compiled is None else bool(compiled)
+
+    n = 1
+    for s in batch:
+        n *= s
+    # flex wants [B, Hq, L, E]: every (batch, head) pair becomes one batch entry of one head.
+    q4 = q.reshape(n, 1, lq, d)
+    k4 = k.reshape(n, 1, lk, d)
+    v4 = v.reshape(n, 1, lk, dv)
+    if compiled:  # zero head dims are exact: they add 0 to q.k and give 0 outputs
+        q4, k4, v4 = _pad_head(q4), _pad_head(k4), _pad_head(v4)
+    tabs = [t.reshape(n, lq, t.shape[-1]) for t in tables]  # [N, Lq, M_g]
+    idxs = [idx.to(q.device) for idx in key_index]  # [Lk]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        for t, idx in zip(tabs, idxs):
+            score = score + t[b, q_idx, idx[kv_idx]]
+        return score
+
+    out = _flex(compiled)(q4, k4, v4, score_mod=score_mod, scale=1.0)  # [N, 1, Lq, dv_pad]
+    return out[..., :dv].reshape(*batch, lq, dv).to(v.dtype)
+
+
+def flex_attention_with_row_col_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    t_row: Optional[torch.Tensor],
+    t_col: Optional[torch.Tensor],
+    width: int,
+    **kwargs,
+) -> torch.Tensor:
+    """AA's 2D case: ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``.
+
+    Same arguments as
+    :func:`~aadet.layers.functional.logit_tables_triton.triton_attention_with_row_col_tables`
+    (``q, k [*, L, dk]``, ``v [*, L, dv]``, ``t_row [*, L, H]``, ``t_col [*, L, W]``, ``L = H*W``);
+    ``kwargs`` go to :func:`flex_attention_with_logit_tables`.
+    """
+    length = q.shape[-2]
+    if width < 1 or length % width:
+        raise ValueError(f"width must divide L = {length} (L = H * W); got width={width}")
+    pos = torch.arange(length, device=q.device)
+    tables, key_index = [], []
+    if t_row is not None:
+        tables.append(t_row)
+        key_index.append(pos // width)
+    if t_col is not None:
+        tables.append(t_col)
+        key_index.append(pos % width)
+    return flex_attention_with_logit_tables(q, k, v, tables, key_index, **kwargs)

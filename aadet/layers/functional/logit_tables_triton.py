@@ -1,0 +1,530 @@
+"""AA's global attention with 2D relative logits as one Triton flash-attention kernel.
+
+The logits of AA (Bello et al., ICCV 2019, Sec. 3.2) factor into a content term and two per-query
+tables indexed by the key's row and column on a row-major ``H x W`` key grid::
+
+    logits[n, i, j] = q[n, i] . k[n, j] + T_row[n, i, j // W] + T_col[n, i, j % W]
+
+(``T_row`` / ``T_col`` from
+:func:`~aadet.layers.functional.relative_attention.relative_logit_tables_2d`). The SDPA ("fused")
+route adds the tables by widening every head to ``dk + H + W`` dims; this kernel adds them to the
+logit tile instead, so the head stays ``dk`` wide:
+
+* **Tiles follow image rows.** A key tile is ``ROWS`` whole image rows times ``BLOCK_W`` columns
+  (``BLOCK_W`` = W rounded up to a power of two, at most ``max_block_w``; wider maps take several
+  column chunks), slot ``(r, c)`` holding key ``(r0 + r) * W + c0 + c``; padded slots are masked.
+  ``T_row`` / ``T_col`` are then read as ``[BLOCK_M, tile]`` tiles of the ``[L, H]`` / ``[L, W]``
+  tables.
+* **Forward**: online softmax in float32 (``exp2``), ``q . k`` and ``p . v`` on ``tl.dot`` with
+  float32 accumulation (IEEE float32 products for float32 inputs: no TF32); saves only the output
+  and the log-sum-exp per query.
+* **Backward** recomputes the probabilities: one kernel per key tile for ``dk, dv`` (loops over
+  queries), one per query block for ``dq`` and the table gradients (loops over keys). Because a
+  key tile is whole rows, ``dT_row[i, r]`` is the sum of ``dS`` over row ``r`` of the tile and
+  ``dT_col[i, :]`` a running vector sum over the tile's rows: every table gradient entry has one
+  owner, so no atomics (and deterministic). The tables' gradients then flow into ``q`` and the
+  relative embeddings through PyTorch autograd of ``relative_logit_tables_2d``.
+
+In terms of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`: its 2D
+case ``tables = [T_row, T_col]``, ``key_index = [j // W, j % W]`` is
+``triton_attention_with_row_col_tables(q, k, v, T_row, T_col, W)``;
+:func:`triton_attention_with_logit_tables` takes ``(tables, key_index)`` as they are and reads the
+grid back (:func:`row_col_tables_from_index`; any other key layout is refused).
+
+No scaling happens here (``q`` arrives scaled, as everywhere in this package). Inputs: float32,
+float16 or bfloat16 ``q, k, v`` (one dtype), tables in float32 (any float dtype is read as float32;
+their gradients come back in their own dtype). Any ``H, W, dk, dv``: head dims are padded to powers
+of two with masks.
+
+Devices: CUDA (compiled by Triton). On CPU the kernels run under Triton's interpreter when
+``TRITON_INTERPRET=1`` was set before triton was first imported (slow: for tests). The mode is
+fixed per process: triton decorates its own library (``tl.sum``, ``tl.zeros``) at import, and
+interpreted and compiled functions do not mix (``TRITON_INTERPRETED`` says which it is).
+"""
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+try:  # Triton is optional: the SDPA and materialized routes need none.
+    import triton
+    import triton.language as tl
+
+    TRITON_AVAILABLE = True
+except ImportError:  # pragma: no cover - exercised only on machines without triton
+    triton = None
+    tl = None
+    TRITON_AVAILABLE = False
+
+__all__ = [
+    "TRITON_AVAILABLE",
+    "TRITON_DTYPES",
+    "TRITON_INTERPRETED",
+    "row_col_tables_from_index",
+    "triton_attention_with_logit_tables",
+    "triton_attention_with_row_col_tables",
+]
+
+# Input dtypes of q, k, v the kernels accept (the one definition).
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Default tile sizes: queries per program, key slots per tile (target), widest column chunk.
+BLOCK_M = 64
+BLOCK_N = 64
+MAX_BLOCK_W = 128
+_MIN_DOT = 16  # tl.dot needs every tile dimension >= 16 on the GPU
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis (the (batch, head) pairs)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _interpreted() -> bool:
+    """Whether triton was imported under its interpreter: its own library functions (``tl.sum``,
+    ``tl.zeros``, ...) are then interpreted functions, and ours must be too (the two modes do not
+    mix in one process)."""
+    return TRITON_AVAILABLE and type(tl.zeros).__name__ == "InterpretedFunction"
+
+
+# Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` when triton was
+# first imported); fixed for the process.
+TRITON_INTERPRETED = _interpreted()
+
+
+def _jit(fn):
+    """``triton.jit`` in the mode triton itself was imported in."""
+    if TRITON_INTERPRETED:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(fn)
+
+
+# ----------------------------------------------------------------------------- kernels
+if TRITON_AVAILABLE:
+
+    def _mm(a, b, OP_F32: tl.constexpr):
+        """``a @ b`` accumulated in float32; IEEE float32 products for float32 operands (no TF32).
+        ``OP_F32`` multiplies in float32 (exact for half operands): for the interpreter, whose
+        ``tl.dot`` cannot take bfloat16."""
+        if OP_F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if a.dtype == tl.float32:
+            c = tl.dot(a, b, input_precision="ieee")
+        else:
+            c = tl.dot(a, b)  # half operands: tensor cores, float32 accumulation
+        return c
+
+    _mm = _jit(_mm)
+
+    def _fwd_kernel(
+        Q, K, V, TR, TC, O, LSE,
+        L, H, W, DK, DV,
+        HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+        BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
+    ):
+        """One program: BLOCK_M queries of one (batch, head) against all keys."""
+        pid_m = tl.program_id(0)
+        n = tl.program_id(1).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+        m_ok = offs_m < L
+        offs_d = tl.arange(0, D_PAD)
+        offs_dv = tl.arange(0, DV_PAD)
+        slot = tl.arange(0, ROWS * BLOCK_W)  # [BN] key slots: (row, column) of the tile
+        slot_r = slot // BLOCK_W
+        slot_c = slot % BLOCK_W
+
+        q = tl.load(
+            Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
+            mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0,
+        )  # [BM, D_PAD]
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
+        for c0 in range(0, W, BLOCK_W):
+            cols = c0 + slot_c
+            for r0 in range(0, H, ROWS):
+                rows = r0 + slot_r
+                kv_ok = (rows < H) & (cols < W)  # [BN]
+                keys = rows * W + cols
+                k = tl.load(
+                    K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
+                    mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0,
+                )  # [BN, D_PAD]
+                s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN] float32
+                qk_ok = m_ok[:, None] & kv_ok[None, :]
+                if HAS_ROW:
+                    s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
+                                 mask=qk_ok, other=0.0)
+                if HAS_COL:
+                    s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
+                                 mask=qk_ok, other=0.0)
+                s = tl.where(kv_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
+                alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
+                p = tl.exp2((s - m_new[:, None]) * 1.4426950408889634)  # [BM, BN]
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(
+                    V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
+                    mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0,
+                )  # [BN, DV_PAD]
+                acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, OP_F32)
+                m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(
+            O + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
+            out.to(O.dtype.element_ty),
+            mask=m_ok[:, None] & (offs_dv[None, :] < DV),
+        )
+        tl.store(LSE + n * L + offs_m, m_i + tl.log(l_i), mask=m_ok)
+
+    def _bwd_dkdv_kernel(
+        Q, K, V, TR, TC, DO, LSE, DELTA, DKEY, DVAL,
+        L, H, W, DK, DV, N_ROW_BLOCKS,
+        HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+        BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
+    ):
+        """One program: one key tile of one (batch, head), looping over all queries."""
+        tile = tl.program_id(0)
+        n = tl.program_id(1).to(tl.int64)
+        c0 = (tile // N_ROW_BLOCKS) * BLOCK_W
+        r0 = (tile % N_ROW_BLOCKS) * ROWS
+        offs_d = tl.arange(0, D_PAD)
+        offs_dv = tl.arange(0, DV_PAD)
+        slot = tl.arange(0, ROWS * BLOCK_W)
+        rows = r0 + slot // BLOCK_W
+        cols = c0 + slot % BLOCK_W
+        kv_ok = (rows < H) & (cols < W)
+        keys = rows * W + cols
+        k = tl.load(K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
+                    mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0)  # [BN, D_PAD]
+        v = tl.load(V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
+                    mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # [BN, DV_PAD]
+        dk = tl.zeros([ROWS * BLOCK_W, D_PAD], tl.float32)
+        dv = tl.zeros([ROWS * BLOCK_W, DV_PAD], tl.float32)
+        for m0 in range(0, L, BLOCK_M):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < L
+            qk_ok = m_ok[:, None] & kv_ok[None, :]
+            q = tl.load(Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
+                        mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0)  # [BM, D_PAD]
+            do = tl.load(DO + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
+                         mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # [BM, DV_PAD]
+            lse = tl.load(LSE + n * L + offs_m, mask=m_ok, other=0.0)
+            delta = tl.load(DELTA + n * L + offs_m, mask=m_ok, other=0.0)
+            s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN]
+            if HAS_ROW:
+                s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
+                             mask=qk_ok, other=0.0)
+            if HAS_COL:
+                s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
+                             mask=qk_ok, other=0.0)
+            p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
+            p = tl.where(qk_ok, p, 0.0)  # [BM, BN] probabilities
+            dv += _mm(tl.trans(p.to(do.dtype)), do, OP_F32)
+            dp = _mm(do, tl.trans(v), OP_F32)  # [BM, BN]
+            ds = p * (dp - delta[:, None])  # d loss / d logits
+            dk += _mm(tl.trans(ds.to(q.dtype)), q, OP_F32)
+        tl.store(DKEY + n * L * DK + keys[:, None] * DK + offs_d[None, :],
+                 dk.to(DKEY.dtype.element_ty), mask=kv_ok[:, None] & (offs_d[None, :] < DK))
+        tl.store(DVAL + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
+                 dv.to(DVAL.dtype.element_ty), mask=kv_ok[:, None] & (offs_dv[None, :] < DV))
+
+    def _bwd_dq_kernel(
+        Q, K, V, TR, TC, DO, LSE, DELTA, DQ, DTR, DTC,
+        L, H, W, DK, DV, N,
+        HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+        BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+        D_PAD: tl.constexpr, DV_PAD: tl.constexpr, OP_F32: tl.constexpr,
+    ):
+        """One program: BLOCK_M queries of one (batch, head); dq and both table gradients.
+
+        ``DTR`` is ``[n_column_chunks, N, L, H]``: each column chunk writes its own row sums.
+        """
+        pid_m = tl.program_id(0)
+        n = tl.program_id(1).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < L
+        offs_d = tl.arange(0, D_PAD)
+        offs_dv = tl.arange(0, DV_PAD)
+        slot = tl.arange(0, ROWS * BLOCK_W)
+        slot_r = slot // BLOCK_W
+        slot_c = slot % BLOCK_W
+        tile_rows = tl.arange(0, ROWS)
+        tile_cols = tl.arange(0, BLOCK_W)
+        q = tl.load(Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
+                    mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0)
+        do = tl.load(DO + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
+                     mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(LSE + n * L + offs_m, mask=m_ok, other=0.0)
+        delta = tl.load(DELTA + n * L + offs_m, mask=m_ok, other=0.0)
+        dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        for c0 in range(0, W, BLOCK_W):
+            cols = c0 + slot_c
+            dt_col = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+            for r0 in range(0, H, ROWS):
+                rows = r0 + slot_r
+                kv_ok = (rows < H) & (cols < W)
+                qk_ok = m_ok[:, None] & kv_ok[None, :]
+                keys = rows * W + cols
+                k = tl.load(K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
+                            mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0)
+                v = tl.load(V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
+                            mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+                s = _mm(q, tl.trans(k), OP_F32)
+                if HAS_ROW:
+                    s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
+                                 mask=qk_ok, other=0.0)
+                if HAS_COL:
+                    s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
+                                 mask=qk_ok, other=0.0)
+                p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
+                p = tl.where(qk_ok, p, 0.0)
+                dp = _mm(do, tl.trans(v), OP_F32)
+                ds = p * (dp - delta[:, None])  # [BM, BN], zero on padded slots
+                dq += _mm(ds.to(k.dtype), k, OP_F32)
+                ds3 = tl.reshape(ds, (BLOCK_M, ROWS, BLOCK_W))  # slot = (row, column)
+                if HAS_ROW:
+                    r_idx = r0 + tile_rows
+                    tl.store(
+                        DTR + ((c0 // BLOCK_W) * N + n) * L * H
+                        + offs_m[:, None] * H + r_idx[None, :],
+                        tl.sum(ds3, 2),  # [BM, ROWS]: sum over the row's columns
+                        mask=m_ok[:, None] & (r_idx[None, :] < H),
+                    )
+                if HAS_COL:
+                    dt_col += tl.sum(ds3, 1)  # [BM, BLOCK_W]: sum over the tile's rows
+            if HAS_COL:
+                c_idx = c0 + tile_cols
+                tl.store(DTC + n * L * W + offs_m[:, None] * W + c_idx[None, :], dt_col,
+                         mask=m_ok[:, None] & (c_idx[None, :] < W))
+        tl.store(DQ + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < DK))
+
+    _KERNELS = {"fwd": _jit(_fwd_kernel), "dkdv": _jit(_bwd_dkdv_kernel), "dq": _jit(_bwd_dq_kernel)}
+
+
+# ----------------------------------------------------------------------------- launch
+class _Plan:
+    """Tile sizes and grid for one ``[N, L = H*W]`` problem."""
+
+    def __init__(self, n, h, w, dk, dv, block_m, block_n, max_block_w):
+        for name, val in (("block_m", block_m), ("block_n", block_n), ("max_block_w", max_block_w)):
+            if val < 1 or val & (val - 1):
+                raise ValueError(f"{name} must be a power of two >= 1; got {val}")
+        if block_m < _MIN_DOT or block_n < _MIN_DOT:
+            raise ValueError(f"block_m and block_n must be >= {_MIN_DOT}; got {block_m}, {block_n}")
+        self.n, self.h, self.w, self.dk, self.dv = n, h, w, dk, dv
+        self.block_m = block_m
+        self.block_w = min(_pow2(w), max_block_w)
+        self.rows = max(1, block_n // self.block_w, -(-_MIN_DOT // self.block_w))
+        self.n_row_blocks = -(-h // self.rows)
+        self.n_col_chunks = -(-w // self.block_w)
+        self.d_pad = max(_MIN_DOT, _pow2(dk))
+        self.dv_pad = max(_MIN_DOT, _pow2(dv))
+
+    def meta(self, has_row, has_col, dtype):
+        return dict(
+            HAS_ROW=has_row, HAS_COL=has_col, BLOCK_M=self.block_m, ROWS=self.rows,
+            BLOCK_W=self.block_w, D_PAD=self.d_pad, DV_PAD=self.dv_pad,
+            OP_F32=TRITON_INTERPRETED and dtype == torch.bfloat16,
+        )
+
+
+def _check_runnable(q: torch.Tensor):
+    if q.dtype not in TRITON_DTYPES:
+        raise ValueError(
+            f"the 'triton' attention route takes q, k, v in {[str(t) for t in TRITON_DTYPES]}; "
+            f"got {q.dtype} (float64 references: impl='materialized')"
+        )
+    if not TRITON_AVAILABLE:
+        raise RuntimeError(
+            "the 'triton' attention route needs the triton package (pip install triton); "
+            "use impl='fused' or 'materialized' instead"
+        )
+    if q.device.type != "cuda" and not TRITON_INTERPRETED:
+        raise RuntimeError(
+            f"the 'triton' attention route runs on CUDA; got tensors on {q.device}. On CPU it runs "
+            "only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is first "
+            "imported; slow: for tests); otherwise use impl='fused' or 'materialized'"
+        )
+
+
+class _RowColAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, t_row, t_col, plan):
+        n, length = q.shape[0], q.shape[1]
+        out = torch.empty(n, length, plan.dv, dtype=q.dtype, device=q.device)
+        lse = torch.empty(n, length, dtype=torch.float32, device=q.device)
+        dummy = q.new_empty(0, dtype=torch.float32)
+        _KERNELS["fwd"][(triton.cdiv(length, plan.block_m), n)](
+            q, k, v, dummy if t_row is None else t_row, dummy if t_col is None else t_col,
+            out, lse, length, plan.h, plan.w, plan.dk, plan.dv,
+            **plan.meta(t_row is not None, t_col is not None, q.dtype),
+        )
+        ctx.save_for_backward(q, k, v, t_row, t_col, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, t_row, t_col, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        n, length = q.shape[0], q.shape[1]
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1)  # [N, L]: rowsum(dO * O) = sum_j p dp
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dummy = q.new_empty(0, dtype=torch.float32)
+        has_row, has_col = t_row is not None, t_col is not None
+        tr = t_row if has_row else dummy
+        tc = t_col if has_col else dummy
+        dt_row = (
+            torch.empty(plan.n_col_chunks, n, length, plan.h, dtype=torch.float32, device=q.device)
+            if has_row else dummy
+        )
+        dt_col = torch.empty_like(t_col) if has_col else dummy
+        meta = plan.meta(has_row, has_col, q.dtype)
+        _KERNELS["dkdv"][(plan.n_row_blocks * plan.n_col_chunks, n)](
+            q, k, v, tr, tc, dout, lse, delta, dk, dv,
+            length, plan.h, plan.w, plan.dk, plan.dv, plan.n_row_blocks, **meta,
+        )
+        _KERNELS["dq"][(triton.cdiv(length, plan.block_m), n)](
+            q, k, v, tr, tc, dout, lse, delta, dq, dt_row, dt_col,
+            length, plan.h, plan.w, plan.dk, plan.dv, n, **meta,
+        )
+        if has_row:
+            dt_row = dt_row[0] if plan.n_col_chunks == 1 else dt_row.sum(0)
+        return dq, dk, dv, dt_row if has_row else None, dt_col if has_col else None, None
+
+
+def triton_attention_with_row_col_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    t_row: Optional[torch.Tensor],
+    t_col: Optional[torch.Tensor],
+    width: int,
+    *,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    max_block_w: int = MAX_BLOCK_W,
+) -> torch.Tensor:
+    """``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j`` with one Triton kernel.
+
+    Keys (and queries) are the ``L = H * W`` positions of a row-major ``H x W`` grid.
+
+    Args:
+        q: ``[*, L, dk]`` queries (already scaled).
+        k: ``[*, L, dk]`` keys.
+        v: ``[*, L, dv]`` values (q, k, v: one dtype, float32 / float16 / bfloat16).
+        t_row: ``[*, L, H]`` row table (float32), or None for no row term.
+        t_col: ``[*, L, W]`` column table (float32), or None for no column term.
+        width: ``W``; ``H = L // W``.
+        block_m, block_n, max_block_w: tile sizes (powers of two): queries per program, key
+            slots per tile (rounded up to whole rows), widest column chunk.
+
+    Returns:
+        ``[*, L, dv]`` in the dtype of ``v``; differentiable in q, k, v and both tables.
+    """
+    *batch, length, dk = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
+    if v.dim() != q.dim() or tuple(v.shape[:-1]) != tuple(q.shape[:-1]):
+        raise ValueError(f"v must have shape [*, L, dv] with [*, L] = {list(q.shape[:-1])}; "
+                         f"got {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if width < 1 or length % width:
+        raise ValueError(f"width must divide L = {length} (L = H * W); got width={width}")
+    h, w = length // width, width
+    for name, t, m in (("t_row", t_row, h), ("t_col", t_col, w)):
+        if t is not None and tuple(t.shape) != (*batch, length, m):
+            raise ValueError(f"{name} must have shape [*, L, {'H' if name == 't_row' else 'W'}] "
+                             f"= {[*batch, length, m]}; got {tuple(t.shape)}")
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    n = math.prod(batch)
+    if n > _MAX_GRID_Y:
+        raise ValueError(
+            f"the 'triton' attention route launches one program row per (batch, head) pair, at "
+            f"most {_MAX_GRID_Y}; got {n} = prod{tuple(batch)}"
+        )
+    plan = _Plan(n, h, w, dk, v.shape[-1], block_m, block_n, max_block_w)
+    _check_runnable(q)
+
+    def flat(t, m):
+        return None if t is None else t.reshape(n, length, m).contiguous()
+
+    def flat_table(t, m):  # tables are read in float32; autograd casts the gradient back
+        return None if t is None else flat(t, m).float()
+
+    out = _RowColAttention.apply(
+        flat(q, dk), flat(k, dk), flat(v, v.shape[-1]),
+        flat_table(t_row, h), flat_table(t_col, w), plan,
+    )  # [N, L, dv]
+    return out.reshape(*batch, length, v.shape[-1])
+
+
+def row_col_tables_from_index(
+    tables: Sequence[torch.Tensor], key_index: Sequence[torch.Tensor], length: int
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], int]:
+    """Read ``attention_with_logit_tables``'s ``(tables, key_index)`` as a row-major 2D grid.
+
+    The 2D case of AA is ``tables = [T_row, T_col]`` with ``key_index = [j // W, j % W]``
+    (either may be missing, as from ``relative_logit_tables_2d`` with a ``None`` embedding).
+    Returns ``(t_row, t_col, width)``; raises ``ValueError`` for any other layout.
+    """
+    if len(tables) != len(key_index) or len(tables) > 2:
+        raise ValueError(
+            "the row/column kernels take at most two tables (row, column) with one key index "
+            f"each; got {len(tables)} tables and {len(key_index)} indices"
+        )
+    if not tables:
+        return None, None, 1
+    pos = torch.arange(length, device=key_index[0].device)
+    sizes = [t.shape[-1] for t in tables]
+    widths = sorted({m for m in sizes} | {length // m for m in sizes if m and length % m == 0})
+    for w in widths:  # the first width under which every table is the row or the column table
+        if w < 1 or length % w:
+            continue
+        found = {}
+        for t, idx, m in zip(tables, key_index, sizes):
+            if tuple(idx.shape) != (length,):
+                break
+            idx = idx.to(pos.device)
+            if "row" not in found and m == length // w and torch.equal(idx, pos // w):
+                found["row"] = t
+            elif "col" not in found and m == w and torch.equal(idx, pos % w):
+                found["col"] = t
+            else:
+                break
+        else:
+            return found.get("row"), found.get("col"), w
+    raise ValueError(
+        "the row/column kernels need tables on a row-major H x W key grid: key_index "
+        "[j // W] for a [*, L, H] row table and [j % W] for a [*, L, W] column table; got "
+        f"tables {[tuple(t.shape) for t in tables]} with other key indices (L = {length})"
+    )
+
+
+def triton_attention_with_logit_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: List[torch.Tensor],
+    key_index: List[torch.Tensor],
+    **tiles,
+) -> torch.Tensor:
+    """``attention_with_logit_tables``'s signature on the Triton kernel (the 2D grid case).
+
+    ``q [*, L, dk]``, ``k [*, L, dk]``, ``v [*, L, dv]``; ``(tables, key_index)`` as described in
+    :func:`row_col_tables_from_index`. ``tiles``: see :func:`triton_attention_with_row_col_tables`.
+    """
+    t_row, t_col, width = row_col_tables_from_index(tables, key_index, q.shape[-2])
+    return triton_attention_with_row_col_tables(q, k, v, t_row, t_col, width, **tiles)

@@ -1,0 +1,86 @@
+"""The attention layers of the models, from the config: the one place that reads the layer keys.
+
+* :func:`aa_layer_kwargs`: ``MODEL.AA.*`` -> :class:`~aadet.layers.AugmentedConv2d` arguments
+  (AA-ResNet).
+* :func:`sasa_layer_kwargs`: ``MODEL.SASA.*`` -> :class:`~aadet.layers.LocalSelfAttention2d`
+  arguments (SASA-ResNet blocks, attentional FPN, attentional RetinaNet head).
+* :func:`local_attention_for_conv`: a :class:`~aadet.layers.LocalSelfAttention2d` standing in for
+  a 3x3 convolution (same channels, stride, bias, norm and activation), used by all three.
+"""
+import math
+from typing import Callable
+
+from torch import nn
+
+from ..config import check_aa_config, check_sasa_config, sasa_positional_encoding
+from ..layers.local_attention import LocalSelfAttention2d
+
+__all__ = ["aa_layer_kwargs", "sasa_layer_kwargs", "local_attention_for_conv"]
+
+
+def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
+    """:class:`AugmentedConv2d` arguments of the blocks of ``stage`` (output stride given).
+
+    ``max_size = ceil(MODEL.AA.MAX_INPUT_SIZE / stage_stride)``, halved again (rounded up) in
+    ``MODEL.AA.DOWNSAMPLE_STAGES``: the attention-map side of the largest allowed input (e.g.
+    224 -> 28 / 14 / 7 at res3 / res4 / res5, 14 at a downsampled res3).
+    """
+    check_aa_config(cfg)
+    aa = cfg.MODEL.AA
+    downsample = stage in aa.DOWNSAMPLE_STAGES
+    max_size = math.ceil(aa.MAX_INPUT_SIZE / stage_stride)
+    if downsample:
+        max_size = math.ceil(max_size / 2)
+    return dict(
+        kappa=float(aa.KAPPA),
+        nu=float(aa.NU),
+        num_heads=aa.NUM_HEADS,
+        positional_encoding=aa.POSITIONAL_ENCODING,
+        attention_downsample=downsample,
+        max_size=max_size,
+        clip_distances=bool(aa.CLIP_DISTANCES),
+        min_dk_per_head=aa.MIN_DK_PER_HEAD,
+        impl=aa.IMPL,
+    )
+
+
+def sasa_layer_kwargs(cfg) -> dict:
+    """:class:`LocalSelfAttention2d` arguments from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
+    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}`` (checked; ``"absolute"`` becomes ``"sine2d"``)."""
+    check_sasa_config(cfg)
+    sa = cfg.MODEL.SASA
+    return dict(
+        kernel_size=sa.KERNEL_SIZE,
+        num_heads=sa.NUM_HEADS,
+        positional_encoding=sasa_positional_encoding(cfg),
+        block_size=sa.BLOCK_SIZE,
+        impl=sa.IMPL,
+    )
+
+
+def local_attention_for_conv(
+    conv: nn.Conv2d, value_init: Callable[[nn.Conv2d], None], **attention_kwargs
+) -> LocalSelfAttention2d:
+    """A :class:`LocalSelfAttention2d` standing in for the 3x3 ``conv`` (stride 1 or 2).
+
+    Same in/out channels and stride; a bias iff ``conv`` has one; ``conv.norm`` and
+    ``conv.activation`` (Detectron2's ``Conv2d``; absent on a plain ``nn.Conv2d``) are moved
+    over. ``value_init(attn.value)`` initialises the value projection with the scheme of the
+    convolution it replaces (queries, keys, relative tables keep the layer's defaults).
+
+    Args:
+        attention_kwargs: ``kernel_size``, ``num_heads``, ``positional_encoding``,
+            ``block_size``, ``impl`` (e.g. :func:`sasa_layer_kwargs`).
+    """
+    stride = conv.stride[0] if isinstance(conv.stride, tuple) else conv.stride
+    attn = LocalSelfAttention2d(
+        conv.in_channels,
+        conv.out_channels,
+        stride=stride,
+        bias=conv.bias is not None,
+        norm=getattr(conv, "norm", None),
+        activation=getattr(conv, "activation", None),
+        **attention_kwargs,
+    )
+    value_init(attn.value)
+    return attn

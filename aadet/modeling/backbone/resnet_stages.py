@@ -1,0 +1,161 @@
+"""The ResNet that AA-ResNet and SASA-ResNet share: Detectron2's stages, a block class per stage.
+
+:func:`build_resnet` is Detectron2's ``build_resnet_backbone`` stage loop (same widths, strides,
+dilation, groups, ``STRIDE_IN_1X1``, deformable stages, ``FREEZE_AT``, ``OUT_FEATURES``) with two
+points of variation: the stem, and a ``block_for_stage(stage)`` callback that returns the block
+class of one stage and its extra keyword arguments, or ``None`` for Detectron2's own block. With
+``block_for_stage`` always ``None`` the result equals ``build_resnet_backbone``'s
+(``tests/test_resnet_stages.py`` compares them).
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+from detectron2.modeling.backbone.resnet import (
+    BasicBlock,
+    BottleneckBlock,
+    CNNBlockBase,
+    DeformBottleneckBlock,
+    ResNet,
+)
+
+from ...config import STAGE_NAMES, config_error
+
+__all__ = ["RESNET_BLOCKS_PER_STAGE", "ResNetStage", "build_resnet"]
+
+# Detectron2's depths (build_resnet_backbone): blocks per stage res2..res5.
+RESNET_BLOCKS_PER_STAGE = {
+    18: (2, 2, 2, 2),
+    34: (3, 4, 6, 3),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+_BASIC_DEPTHS = (18, 34)  # BasicBlock (two 3x3) networks; the others use bottlenecks
+
+
+@dataclass(frozen=True)
+class ResNetStage:
+    """What a block-choosing callback knows about one stage.
+
+    ``stride`` is the output stride of the stage (4, 8, 16, 32; 16 for a dilated res5);
+    ``bottleneck_channels`` is 0 for BasicBlock networks.
+    """
+
+    name: str  # "res2" .. "res5"
+    index: int  # 0 .. 3
+    stride: int
+    in_channels: int
+    out_channels: int
+    bottleneck_channels: int
+    num_groups: int
+    dilation: int
+    deform: bool  # MODEL.RESNETS.DEFORM_ON_PER_STAGE of this stage
+
+
+BlockChoice = Optional[Tuple[type, Dict]]
+
+
+def _detectron2_block(cfg, stage: ResNetStage, basic: bool) -> Tuple[type, Dict]:
+    if basic:
+        return BasicBlock, {}
+    if stage.deform:
+        r = cfg.MODEL.RESNETS
+        return DeformBottleneckBlock, dict(
+            deform_modulated=r.DEFORM_MODULATED, deform_num_groups=r.DEFORM_NUM_GROUPS
+        )
+    return BottleneckBlock, {}
+
+
+def build_resnet(
+    cfg,
+    stem: CNNBlockBase,
+    *,
+    block_for_stage: Callable[[ResNetStage], BlockChoice],
+    blocks_per_stage: Dict[int, Sequence[int]] = RESNET_BLOCKS_PER_STAGE,
+    attention_stages: Sequence[str] = (),
+    builder: str = "build_resnet",
+) -> ResNet:
+    """Detectron2's ResNet over ``stem``, each stage's block class chosen by ``block_for_stage``.
+
+    Args:
+        stem: the stem module (with ``stride`` and ``out_channels``, as ``BasicStem``).
+        block_for_stage: ``stage -> (block_class, extra_kwargs)`` or ``None`` (Detectron2's
+            ``BasicBlock`` / ``BottleneckBlock`` / ``DeformBottleneckBlock``). Blocks get
+            Detectron2's arguments (``in_channels``, ``out_channels``, ``stride``, ``norm``, and
+            for bottlenecks ``bottleneck_channels``, ``num_groups``, ``stride_in_1x1``,
+            ``dilation``) plus the extra ones.
+        blocks_per_stage: ``MODEL.RESNETS.DEPTH -> blocks in res2..res5``.
+        attention_stages: stages whose blocks have attention (they cannot be deformable).
+        builder: the calling builder's name, for error messages.
+
+    Raises:
+        ConfigValueError: for a depth not in ``blocks_per_stage``, deformable attention stages,
+            and Detectron2's R18/R34 restrictions.
+    """
+    r = cfg.MODEL.RESNETS
+    depth = r.DEPTH
+    if depth not in blocks_per_stage:
+        raise config_error(
+            "MODEL.RESNETS.DEPTH", f"one of {sorted(blocks_per_stage)} for {builder}", depth
+        )
+    deform = tuple(r.DEFORM_ON_PER_STAGE)
+    if any(d and name in attention_stages for name, d in zip(STAGE_NAMES, deform)):
+        raise config_error(
+            "MODEL.RESNETS.DEFORM_ON_PER_STAGE",
+            f"all False in the attention stages {tuple(attention_stages)}",
+            deform,
+        )
+    if r.RES5_DILATION not in (1, 2):
+        raise config_error("MODEL.RESNETS.RES5_DILATION", "1 or 2", r.RES5_DILATION)
+    basic = depth in _BASIC_DEPTHS
+    if basic:
+        for key, value, allowed in (
+            ("RES2_OUT_CHANNELS", r.RES2_OUT_CHANNELS, 64),
+            ("RES5_DILATION", r.RES5_DILATION, 1),
+            ("NUM_GROUPS", r.NUM_GROUPS, 1),
+        ):
+            if value != allowed:
+                raise config_error(f"MODEL.RESNETS.{key}", f"{allowed} for R18/R34", value)
+
+    in_channels = r.STEM_OUT_CHANNELS
+    out_channels = r.RES2_OUT_CHANNELS
+    bottleneck_channels = r.NUM_GROUPS * r.WIDTH_PER_GROUP
+    current_stride = stem.stride
+    stages = []
+    for idx, (name, num_blocks) in enumerate(zip(STAGE_NAMES, blocks_per_stage[depth])):
+        # res5_dilation is used this way as a convention in R-FCN & Deformable Conv paper
+        dilation = r.RES5_DILATION if name == "res5" else 1
+        first_stride = 1 if idx == 0 or dilation == 2 else 2
+        current_stride *= first_stride
+        stage = ResNetStage(
+            name=name,
+            index=idx,
+            stride=current_stride,
+            in_channels=in_channels,
+            out_channels=out_channels,
+            bottleneck_channels=0 if basic else bottleneck_channels,
+            num_groups=r.NUM_GROUPS,
+            dilation=dilation,
+            deform=bool(deform[idx]),
+        )
+        block_class, extra = block_for_stage(stage) or _detectron2_block(cfg, stage, basic)
+        kwargs = dict(
+            block_class=block_class,
+            num_blocks=num_blocks,
+            stride_per_block=[first_stride] + [1] * (num_blocks - 1),
+            in_channels=in_channels,
+            out_channels=out_channels,
+            norm=r.NORM,
+        )
+        if not basic:
+            kwargs.update(
+                bottleneck_channels=bottleneck_channels,
+                num_groups=r.NUM_GROUPS,
+                stride_in_1x1=r.STRIDE_IN_1X1,
+                dilation=dilation,
+            )
+        stages.append(ResNet.make_stage(**kwargs, **extra))
+        in_channels = out_channels
+        out_channels *= 2
+        bottleneck_channels *= 2
+    return ResNet(stem, stages, out_features=r.OUT_FEATURES, freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT)

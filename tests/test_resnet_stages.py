@@ -1,0 +1,125 @@
+"""The shared ResNet stage builder is Detectron2's: with no attention stage, AA-ResNet and
+SASA-ResNet are ``build_resnet_backbone`` to the last weight (same modules, same RNG order)."""
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import ShapeSpec
+from detectron2.modeling.backbone.resnet import build_resnet_backbone
+
+from aadet.config import ConfigValueError, add_aadet_config
+from aadet.modeling.backbone.aa_resnet import build_aa_resnet_backbone
+from aadet.modeling.backbone.resnet_stages import RESNET_BLOCKS_PER_STAGE, build_resnet
+from aadet.modeling.backbone.sasa_resnet import build_sasa_resnet_backbone
+
+
+def _cfg(depth, **resnets):
+    cfg = get_cfg()
+    add_aadet_config(cfg)
+    cfg.MODEL.RESNETS.DEPTH = depth
+    cfg.MODEL.RESNETS.NORM = "BN"
+    cfg.MODEL.RESNETS.OUT_FEATURES = ["stem", "res2", "res3", "res4", "res5"]
+    cfg.MODEL.BACKBONE.FREEZE_AT = 0
+    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = 8
+    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS = 16
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64 if depth in (18, 34) else 32
+    for key, value in resnets.items():
+        setattr(cfg.MODEL.RESNETS, key, value)
+    cfg.MODEL.AA.STAGES = ()
+    cfg.MODEL.SASA.STAGES = ()
+    return cfg
+
+
+def _same_network(ours, reference):
+    a, b = ours.state_dict(), reference.state_dict()
+    assert list(a) == list(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [type(m) for m in ours.modules()] == [type(m) for m in reference.modules()]
+    assert {k: (s.channels, s.stride) for k, s in ours.output_shape().items()} == {
+        k: (s.channels, s.stride) for k, s in reference.output_shape().items()}
+    assert [p.requires_grad for p in ours.parameters()] == [p.requires_grad for p in reference.parameters()]
+    x = torch.randn(1, 3, 70, 54)
+    with torch.no_grad():
+        out, ref = ours.eval()(x), reference.eval()(x)
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+
+
+def _has_compiled_ops():
+    try:
+        import detectron2._C  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+NEEDS_C = pytest.mark.skipif(not _has_compiled_ops(), reason="deformable convs need detectron2._C")
+CASES = [
+    (18, {}),
+    (34, {"NUM_GROUPS": 1}),
+    (50, {}),
+    (50, {"STRIDE_IN_1X1": True, "NUM_GROUPS": 4, "RES5_DILATION": 2}),
+    pytest.param(50, {"DEFORM_ON_PER_STAGE": [False, False, True, True], "DEFORM_MODULATED": True},
+                 marks=NEEDS_C),
+    (101, {}),
+]
+
+
+@pytest.mark.parametrize("depth,resnets", CASES)
+def test_aa_builder_without_attention_is_detectron2_resnet(depth, resnets):
+    cfg = _cfg(depth, **resnets)
+    cfg.MODEL.BACKBONE.FREEZE_AT = 2
+    torch.manual_seed(0)
+    reference = build_resnet_backbone(cfg, ShapeSpec(channels=3))
+    torch.manual_seed(0)
+    ours = build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
+    _same_network(ours, reference)
+
+
+@pytest.mark.parametrize("depth,resnets", CASES[2:])
+def test_sasa_builder_without_attention_is_detectron2_resnet(depth, resnets):
+    cfg = _cfg(depth, **resnets)
+    torch.manual_seed(0)
+    reference = build_resnet_backbone(cfg, ShapeSpec(channels=3))
+    torch.manual_seed(0)
+    ours = build_sasa_resnet_backbone(cfg, ShapeSpec(channels=3))
+    _same_network(ours, reference)
+
+
+def test_block_for_stage_sees_each_stage_once_with_its_geometry():
+    cfg = _cfg(50, RES5_DILATION=2)
+    seen = []
+
+    def record(stage):
+        seen.append((stage.name, stage.index, stage.stride, stage.in_channels, stage.out_channels,
+                     stage.bottleneck_channels, stage.dilation))
+        return None
+
+    from detectron2.modeling.backbone.resnet import BasicStem
+
+    build_resnet(cfg, BasicStem(3, 16, norm="BN"), block_for_stage=record)
+    assert seen == [
+        ("res2", 0, 4, 16, 32, 8, 1),
+        ("res3", 1, 8, 32, 64, 16, 1),
+        ("res4", 2, 16, 64, 128, 32, 1),
+        ("res5", 3, 16, 128, 256, 64, 2),
+    ]
+    assert RESNET_BLOCKS_PER_STAGE[50] == (3, 4, 6, 3)
+
+
+@pytest.mark.parametrize(
+    "depth,resnets,aa_stages,needle",
+    [
+        (50, {"DEFORM_ON_PER_STAGE": [False, True, False, False]}, ("res3",),
+         "MODEL.RESNETS.DEFORM_ON_PER_STAGE must be all False in the attention stages"),
+        (50, {"RES5_DILATION": 3}, (), "MODEL.RESNETS.RES5_DILATION must be 1 or 2"),
+        (18, {"RES2_OUT_CHANNELS": 128}, (), "MODEL.RESNETS.RES2_OUT_CHANNELS must be 64 for R18/R34"),
+        (34, {"RES5_DILATION": 2}, (), "MODEL.RESNETS.RES5_DILATION must be 1 for R18/R34"),
+        (18, {"NUM_GROUPS": 2}, (), "MODEL.RESNETS.NUM_GROUPS must be 1 for R18/R34"),
+        (26, {}, (), r"MODEL.RESNETS.DEPTH must be one of \[18, 34, 50, 101, 152\]"),
+    ],
+)
+def test_resnet_config_errors(depth, resnets, aa_stages, needle):
+    cfg = _cfg(depth, **resnets)
+    cfg.MODEL.AA.STAGES = aa_stages
+    with pytest.raises(ConfigValueError, match=needle):
+        build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
