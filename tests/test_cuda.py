@@ -2,13 +2,14 @@
 float64 brute force run on the GPU: values and gradients (``pytest -m cuda``; ``make gpu-check``
 runs them and puts the result in its report). Skipped on a machine without CUDA.
 
-* functional routes: AA ``relative_self_attention_2d`` (``attention_with_logit_tables``
-  ``fused`` / ``materialized``, chunked too), SASA ``local_self_attention_2d``
-  (``neighborhood`` / ``fused`` / ``materialized``), the stem's ``block_self_attention_2d``; each
-  against the pixel-by-pixel float64 brute force of the CPU tests, run on the GPU
+* functional routes: AA ``relative_self_attention_2d`` (every ``attention_with_logit_tables``
+  route in ``LOGIT_TABLE_IMPLS``: fused, materialized, chunked too, triton, flex, auto), SASA
+  ``local_self_attention_2d`` (every route in ``LOCAL_ATTENTION_IMPLS``: neighborhood, fused,
+  materialized, triton, auto), the stem's ``block_self_attention_2d``; each against the
+  pixel-by-pixel float64 brute force of ``aadet/layers/functional/reference.py``, run on the GPU
   (``torch.device("cuda")`` as the default device), with the same output cotangent for the
   gradients of ``q``, ``k``, ``v`` and the relative tables.
-* layers: ``AugmentedConv2d`` (both routes), ``LocalSelfAttention2d`` (three routes) and
+* layers: ``AugmentedConv2d`` and ``LocalSelfAttention2d`` (every route) and
   ``SpatiallyAwareAttentionStem`` (factorized and projected routes) on CUDA against a float64
   copy of the same layer on the GPU (whose routes the float64 rows above and the CPU tests tie
   to the brute force): output, input gradient and every parameter gradient.
@@ -17,7 +18,8 @@ Errors are ``||x - ref|| / ||ref||``. Limits: float64 1e-10 (same arithmetic up 
 sums); float32 1e-4 (functional) and 2e-3 for layers (cuDNN may run float32 convolutions as
 TF32, 10 mantissa bits); fp16 (10 bits) 5e-3 values / 1e-2 gradients; bf16 (7 bits) 2e-2 /
 4e-2, the inputs themselves being rounded to bf16 (2^-8 = 4e-3 per element). A route that is
-wrong anywhere (a border, a block, a head) is off by O(1).
+wrong anywhere (a border, a block, a head) is off by O(1). The Triton and flex routes compute
+in float32 and reject float64 by design: they get every precision but fp64.
 """
 import copy
 import functools
@@ -28,16 +30,18 @@ import torch
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.augmented_conv import AugmentedConv2d
 from aadet.layers.functional import (
+    LOCAL_ATTENTION_IMPLS,
+    LOGIT_TABLE_IMPLS,
     block_self_attention_2d,
     local_self_attention_2d,
     relative_self_attention_2d,
 )
+from aadet.layers.functional.reference import (
+    block_self_attention_2d_reference,
+    local_self_attention_2d_reference,
+    relative_self_attention_2d_reference,
+)
 from aadet.layers.local_attention import LocalSelfAttention2d
-
-# The float64 brute-force references (one place; they move to aadet/layers/functional/reference.py).
-from test_attention_stem import brute_block_attention  # noqa: E402
-from test_local_attention import brute_force as local_attention_brute_force  # noqa: E402
-from test_relative_attention import brute_force as relative_attention_brute_force  # noqa: E402
 
 pytestmark = [
     pytest.mark.cuda,
@@ -53,6 +57,16 @@ PRECISIONS = {
     "fp16": (torch.float32, torch.float16, 5e-3, 1e-2),
 }
 LAYER_FP32_LIMIT = 2e-3  # TF32 convolutions
+#: Routes that compute in float32 and reject float64 inputs by design (their float64 stand-in is
+#: ``materialized``): every other (route, precision) pair is tested.
+NO_FLOAT64 = ("triton", "flex")
+
+
+def route_cases(impls, precisions):
+    """``(impl, precision)`` for every registered route and precision, less float64 on the float32
+    kernels."""
+    return [pytest.param(i, p, id=f"{i}-{p}") for i in impls for p in precisions
+            if not (p == "fp64" and i in NO_FLOAT64)]
 
 
 def rel_err(x, ref) -> float:
@@ -101,11 +115,11 @@ def aa_problem():
     b, nh, h, w, dk, dv = AA_SHAPE.values()
     leaves = _leaves([(b, nh, h, w, dk), (b, nh, h, w, dk), (b, nh, h, w, dv), (2 * h - 1, dk), (2 * w - 1, dk)],
                      seed=0, scale=[0.7, 0.7, 1.0, 0.7, 0.7])
-    return leaves, _reference(relative_attention_brute_force, leaves, seed=0)
+    return leaves, _reference(relative_self_attention_2d_reference, leaves, seed=0)
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("impl,chunk", [("fused", 0), ("materialized", 0), ("materialized", 11), ("auto", 0)])
+@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_IMPLS, PRECISIONS))
+@pytest.mark.parametrize("chunk", [0, 11])  # queries per chunk (the materialized route's memory bound)
 def test_aa_relative_attention_routes(impl, chunk, precision):
     leaves, ref = aa_problem()
     _check_route(lambda q, k, v, rh, rw: relative_self_attention_2d(q, k, v, rh, rw, impl=impl, query_chunk=chunk),
@@ -121,12 +135,11 @@ def sasa_problem():
     b, nh, h, w, dk, dv, ks = SASA_SHAPE.values()
     leaves = _leaves([(b, nh, h, w, dk), (b, nh, h, w, dk), (b, nh, h, w, dv), (ks, dk // 2), (ks, dk - dk // 2)],
                      seed=1, scale=[0.8, 0.8, 1.0, 0.8, 0.8])
-    return leaves, _reference(lambda *t: local_attention_brute_force(*t, ks), leaves, seed=1)
+    return leaves, _reference(lambda *t: local_self_attention_2d_reference(*t, ks), leaves, seed=1)
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("impl,block", [("neighborhood", 8), ("fused", 4), ("materialized", 4), ("fused", 16),
-                                        ("auto", 8)])
+@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_IMPLS, PRECISIONS))
+@pytest.mark.parametrize("block", [4, 16])  # query tile of the blocked routes (16: one tile, map padded)
 def test_sasa_local_attention_routes(impl, block, precision):
     leaves, ref = sasa_problem()
     ks = SASA_SHAPE["kernel"]
@@ -144,7 +157,7 @@ def stem_problem():
     r = 2 * STEM_BLOCK - 1
     leaves = _leaves([(b, nh, h, w, d), (b, nh, h, w, d), (b, nh, h, w, d), (r, d // 2), (r, d - d // 2)],
                      seed=2, scale=[0.8, 0.8, 1.0, 0.8, 0.8])
-    return leaves, _reference(lambda *t: brute_block_attention(*t, STEM_BLOCK), leaves, seed=2)
+    return leaves, _reference(lambda *t: block_self_attention_2d_reference(*t, STEM_BLOCK), leaves, seed=2)
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
@@ -184,8 +197,7 @@ def _check_layer(layer, x_shape, precision, seed=0):
 LAYER_PRECISIONS = ["fp64", "fp32", "bf16", "fp16"]
 
 
-@pytest.mark.parametrize("precision", LAYER_PRECISIONS)
-@pytest.mark.parametrize("impl", ["fused", "materialized"])
+@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_IMPLS[1:], LAYER_PRECISIONS))
 @pytest.mark.parametrize("stride,downsample", [(1, False), (2, True)])
 def test_augmented_conv2d(impl, stride, downsample, precision):
     torch.manual_seed(0)
@@ -194,8 +206,7 @@ def test_augmented_conv2d(impl, stride, downsample, precision):
     _check_layer(layer, (2, 16, 13, 11), precision)
 
 
-@pytest.mark.parametrize("precision", LAYER_PRECISIONS)
-@pytest.mark.parametrize("impl", ["neighborhood", "fused", "materialized"])
+@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_IMPLS[1:], LAYER_PRECISIONS))
 @pytest.mark.parametrize("stride", [1, 2])
 def test_local_self_attention2d(impl, stride, precision):
     torch.manual_seed(0)
