@@ -1,10 +1,15 @@
-"""Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset."""
+"""Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
+
+``tools/`` is on the test path (``pythonpath = . tools`` in pytest.ini), so tests import the tools'
+modules (``demo_trees``, ``visualize_detections``, ...) by name, as the tools import each other.
+"""
 import os
 
 import pytest
 
-from aadet.data import demo_trees, register_trees
-from aadet.data.demo_trees import WHEEL_NAME
+import demo_trees  # tools/demo_trees.py
+from aadet.data import register_trees
+from demo_trees import WHEEL_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

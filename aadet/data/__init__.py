@@ -8,6 +8,5 @@ another root if you used ``--root``.
 
 from .checks import Problem, check_coco_json  # noqa: F401
 from .datasets import register_coco_detection, register_trees  # noqa: F401
-from .demo_trees import prepare as prepare_trees  # noqa: F401
 
 register_trees()
