@@ -23,7 +23,7 @@ def wheel(request, tmp_path_factory):
     path = os.path.join(REPO, "datasets", ".cache", WHEEL_NAME)
     if os.path.isfile(path):
         return path
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
     cache_dir = (
         str(cache.mkdir("aadet_demo_wheel"))
         if cache is not None
