@@ -3,6 +3,7 @@ ratios to a reference (exact numbers, missing sections, zero references), markdo
 status, the AMP dtype choice, and each tool's ratios and table on hand-made results."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from aadet.analysis.timing import (
     needs_grad_scaler,
     worker_main,
 )
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 
@@ -181,3 +184,16 @@ def test_tools_take_amp_dtype(tool, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--amp-dtype", "fp8"])
     assert "--amp-dtype: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_tools_refuse_repeated_cases_before_running():
+    """A repeated config / size would give two results under one key: refused up front, not
+    after the measurements."""
+    import benchmark
+    import benchmark_layers
+
+    config = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+    with pytest.raises(SystemExit, match="lists .*trees_R_50_slim_FPN.yaml.* more than once"):
+        benchmark.main(["--configs", config, config])
+    with pytest.raises(SystemExit, match=r"--sizes lists a size more than once: \[20, 20\]"):
+        benchmark_layers.main(["--sizes", "20", "20"])

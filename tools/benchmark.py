@@ -330,6 +330,9 @@ def main(argv=None) -> int:
     missing = [c for c in args.configs if not os.path.isfile(c)]
     if missing:
         raise SystemExit(f"config file(s) not found: {missing}")
+    repeated = sorted({c for c in args.configs if args.configs.count(c) > 1})
+    if repeated:
+        raise SystemExit(f"--configs lists {repeated} more than once (ratios need one result each)")
     baseline = args.baseline or args.configs[0]
     if baseline not in args.configs:
         raise SystemExit(f"--baseline {baseline} must be one of --configs")

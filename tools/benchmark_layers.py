@@ -392,6 +392,8 @@ def main(argv=None) -> int:
     iters = args.iters if args.iters is not None else (30 if cuda else 3)
     max_gib = args.max_naive_gib if args.max_naive_gib is not None else (math.inf if cuda else 6.0)
     suites = ("aa", "sasa") if args.suite == "all" else (args.suite,)
+    if len(set(args.sizes)) != len(args.sizes):
+        raise SystemExit(f"--sizes lists a size more than once: {args.sizes}")
     with torch.no_grad():
         ref = check_references()
     if max(ref.values()) > 1e-9:
