@@ -44,3 +44,38 @@ def trees_root(wheel):
     demo_trees.prepare(root, wheel=wheel)
     register_trees(root)
     return root
+
+
+# Slow tests in files other parts own, marked here in one place (in a file one owns,
+# `@pytest.mark.slow` on the test does the same, as tests/test_training.py and test_visualize.py
+# do). A node id without "[" marks every parametrization; with "[" it is a prefix of the ids.
+# Seconds: measured in one run of the whole suite on a heavily shared 2-core machine (about 4x
+# the unloaded time); together these were two thirds of the suite's time.
+SLOW_TESTS = {
+    # FLOPs and parameters of every config, at the papers' input sizes
+    "tests/test_analysis.py::test_model_table_matches_the_tool": 1038,
+    # builds each of the 10 COCO models (the Demo-size models stay in the fast suite)
+    "tests/test_analysis.py::test_coco_parameter_counts_exact": 125,
+    "tests/test_configs.py::test_config_builds_and_runs[configs/COCO-Detection/": 279,
+    # subprocess runs of training / benchmarking / evaluation
+    "tests/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
+    "tests/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
+    "tests/test_reliability.py::test_kill_and_resume_matches_uninterrupted_run": 93,
+    "tests/test_reliability.py::test_same_seed_same_losses": 42,
+    "tests/test_reliability.py::test_training_from_other_weights_needs_the_explicit_flag": 40,
+    "tests/test_reliability.py::test_two_process_ddp_keeps_ranks_in_sync": 39,
+}
+
+
+def _is_slow(nodeid: str) -> bool:
+    return any(
+        nodeid.startswith(key) if "[" in key else nodeid.partition("[")[0] == key
+        for key in SLOW_TESTS
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)

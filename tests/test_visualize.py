@@ -128,6 +128,7 @@ def checkpoint(tmp_path_factory):
     return os.path.join(path, "model.pth")
 
 
+@pytest.mark.slow  # the real model on a 4000x3000 image (36 s on a shared 2-core machine)
 def test_detections_on_a_folder_including_odd_images(checkpoint, tmp_path):
     """RGB, grayscale, RGBA, tiny (32x32) and large (4000x3000) images all work."""
     folder = tmp_path / "in"
