@@ -641,6 +641,7 @@ def test_check_dataset_cli(tmp_path, prepared, capsys):
     assert tool.main(list(prepared.splits["trees_val"])) == 0
 
 
+@pytest.mark.slow  # a fresh interpreter importing Detectron2 (test_prepare_demo_data_cli is fast)
 def test_prepare_demo_data_script_runs_from_anywhere(prepared, wheel, tmp_path):
     """``python tools/prepare_demo_data.py`` imports its sibling ``demo_trees`` and the installed
     ``aadet`` with no ``sys.path`` edits (here ``aadet`` comes from $PYTHONPATH)."""
