@@ -25,7 +25,6 @@ import warnings
 warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from aadet.analysis.model_table import (  # noqa: E402
     analyze_config,
