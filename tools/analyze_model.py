@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         )
         sys.stdout.write(render_markdown(rows, command))
     if args.json:
-        from aadet.analysis.timing import write_json
+        from aadet.analysis.report import write_json
 
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0

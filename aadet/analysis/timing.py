@@ -322,12 +322,3 @@ def worker_main(spec_file: str, run_case: Callable[[dict], dict]) -> int:
         out = {"error": f"CUDA out of memory: {e}"[:500]}
     print(json.dumps(out))
     return 0
-
-
-def __getattr__(name):
-    # The report helpers moved to aadet.analysis.report; importable from here as before.
-    if name in ("markdown_table", "write_json", "write_report"):
-        from . import report
-
-        return getattr(report, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
