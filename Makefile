@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo test docs clean-demo gpu-check
+.PHONY: setup data demo test test-fast docs clean-demo gpu-check
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -26,6 +26,10 @@ demo: data
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# The suite without the tests marked slow (short trainings): a few minutes on 2 CPU cores.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
 
 # Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and paste it into the README.
 docs: setup

@@ -1,10 +1,15 @@
-"""Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset."""
+"""Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
+
+``tools/`` is on the test path (``pythonpath = . tools`` in pytest.ini), so tests import the tools'
+modules (``demo_trees``, ``visualize_detections``, ...) by name, as the tools import each other.
+"""
 import os
 
 import pytest
 
-from aadet.data import demo_trees, register_trees
-from aadet.data.demo_trees import WHEEL_NAME
+import demo_trees  # tools/demo_trees.py
+from aadet.data import register_trees
+from demo_trees import WHEEL_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +23,7 @@ def wheel(request, tmp_path_factory):
     path = os.path.join(REPO, "datasets", ".cache", WHEEL_NAME)
     if os.path.isfile(path):
         return path
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
     cache_dir = (
         str(cache.mkdir("aadet_demo_wheel"))
         if cache is not None
@@ -39,3 +44,42 @@ def trees_root(wheel):
     demo_trees.prepare(root, wheel=wheel)
     register_trees(root)
     return root
+
+
+# Slow tests in files other parts own, marked here in one place (in a file one owns,
+# `@pytest.mark.slow` on the test does the same, as tests/test_training.py and test_visualize.py
+# do). A node id without "[" marks every parametrization; with "[" it is a prefix of the ids.
+# Seconds: measured in one run of the whole suite on a heavily shared 2-core machine (about 4x
+# the unloaded time); together these were two thirds of the suite's time.
+SLOW_TESTS = {
+    # FLOPs and parameters of every config, at the papers' input sizes
+    "tests/test_analysis.py::test_model_table_matches_the_tool": 1038,
+    # builds each of the 10 COCO models (the Demo-size models stay in the fast suite)
+    "tests/test_analysis.py::test_coco_parameter_counts_exact": 125,
+    "tests/test_configs.py::test_config_builds_and_runs[configs/COCO-Detection/": 279,
+    # subprocess runs of training / benchmarking / evaluation
+    "tests/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
+    "tests/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
+    "tests/test_reliability.py::test_kill_and_resume_matches_uninterrupted_run": 93,
+    "tests/test_reliability.py::test_same_seed_same_losses": 42,
+    "tests/test_reliability.py::test_training_from_other_weights_needs_the_explicit_flag": 40,
+    "tests/test_reliability.py::test_two_process_ddp_keeps_ranks_in_sync": 39,
+    "tests/test_reliability.py::test_nonfinite_loss_stops_training_naming_iteration": 14,
+    "tests/test_reliability.py::test_eval_only_refuses_a_checkpoint_of_another_architecture": 13,
+    # whole demo models forward in float32 and bf16 (the layers' bf16 tests stay fast)
+    "tests/test_reliability.py::test_bf16_autocast_forward_is_finite_and_close": 48,
+}
+
+
+def _is_slow(nodeid: str) -> bool:
+    return any(
+        nodeid.startswith(key) if "[" in key else nodeid.partition("[")[0] == key
+        for key in SLOW_TESTS
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)

@@ -24,7 +24,8 @@ from aadet.analysis.model_table import (
     parse_markdown,
     render_markdown,
 )
-from aadet.analysis.timing import PeakMemory, markdown_table, time_fn
+from aadet.analysis.report import markdown_table
+from aadet.analysis.timing import PeakMemory, time_fn
 from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,5 @@
-"""Tests of the demo tree-crown dataset, COCO registration and the dataset checker.
+"""Tests of the demo tree-crown dataset (made by ``tools/demo_trees.py``, registered by
+``aadet.data``), COCO registration and the dataset checker.
 
 The pinned ``deepforest==2.1.0`` wheel is found at ``$AADET_DEMO_WHEEL``, else
 ``./datasets/.cache/``, else downloaded once with pip into pytest's cache (``.pytest_cache``).
@@ -8,6 +9,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -17,8 +20,9 @@ from PIL import Image
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.structures import BoxMode
 
-from aadet.data import check_coco_json, demo_trees, register_coco_detection, register_trees
-from aadet.data.demo_trees import SPLITS, WHEEL_DATA_DIR, WHEEL_NAME
+import demo_trees  # tools/demo_trees.py (tools/ is on the test path: pytest.ini)
+from aadet.data import check_coco_json, register_coco_detection, register_trees, trees
+from demo_trees import SOURCES, WHEEL_DATA_DIR, WHEEL_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VAL_STEM = "2019_YELL_2_541000_4977000_image_crop"
@@ -158,18 +162,18 @@ def test_tile_file_name_roundtrip():
 def test_default_root(monkeypatch):
     monkeypatch.delenv("AADET_DATASETS", raising=False)
     monkeypatch.delenv("DETECTRON2_DATASETS", raising=False)
-    assert demo_trees.default_root() == "datasets"
+    assert trees.default_root() == "datasets"
     monkeypatch.setenv("DETECTRON2_DATASETS", "/d2")
-    assert demo_trees.default_root() == "/d2"
+    assert trees.default_root() == "/d2"
     monkeypatch.setenv("AADET_DATASETS", "/aa")
-    assert demo_trees.default_root() == "/aa"
+    assert trees.default_root() == "/aa"
 
 
 # ---------------------------------------------------------------- the prepared dataset
 def test_layout_and_coco_fields(prepared):
     assert prepared.built
     assert set(prepared.splits) == {"trees_train", "trees_val"}
-    for split in SPLITS:
+    for split in trees.SPLITS:
         coco, image_root = _split_json(prepared, split)
         assert coco["categories"] == [{"id": 1, "name": "Tree"}]
         assert os.path.dirname(image_root) == prepared.dataset_dir
@@ -205,7 +209,7 @@ def test_split_by_source_image(prepared):
         for im in _split_json(prepared, "val")[0]["images"]
     }
     assert val_sources == {VAL_STEM}
-    assert train_sources == set(SPLITS["train"])
+    assert train_sources == set(SOURCES["train"])
     assert not train_sources & val_sources
     assert not any(VAL_STEM in n for n in os.listdir(prepared.splits["trees_train"][1]))
 
@@ -238,7 +242,7 @@ def test_tiles_follow_the_rule_exactly(prepared, sources, split):
         np.testing.assert_allclose(got, np.array(expected).reshape(-1, 4), err_msg=im["file_name"])
     # which tiles exist: all windows for val, the non-empty ones for train
     want_tiles = set()
-    for stem in SPLITS[split]:
+    for stem in SOURCES[split]:
         src = sources[stem]
         for y0 in demo_trees.tile_offsets(src.height, 400, stride):
             for x0 in demo_trees.tile_offsets(src.width, 400, stride):
@@ -255,17 +259,17 @@ def test_tiles_follow_the_rule_exactly(prepared, sources, split):
 
 def test_every_source_box_is_whole_in_some_tile(prepared, sources):
     """With the chosen tiling no box is lost, and each appears unclipped in at least one tile."""
-    for split in SPLITS:
+    for split in trees.SPLITS:
         coco, _ = _split_json(prepared, split)
         images = {
             im["id"]: demo_trees.parse_tile_file_name(im["file_name"]) for im in coco["images"]
         }
-        seen = {stem: set() for stem in SPLITS[split]}
+        seen = {stem: set() for stem in SOURCES[split]}
         for a in coco["annotations"]:
             stem, x0, y0 = images[a["image_id"]]
             x, y, w, h = a["bbox"]
             seen[stem].add((x + x0, y + y0, x + w + x0, y + h + y0))
-        for stem in SPLITS[split]:
+        for stem in SOURCES[split]:
             missing = [b for b in map(tuple, sources[stem].boxes.tolist()) if b not in seen[stem]]
             assert not missing, f"{stem}: {len(missing)} boxes not whole in any tile"
 
@@ -388,7 +392,7 @@ def test_bad_parameters_and_wheels(tmp_path, monkeypatch):
 
 def test_missing_or_corrupt_source_in_wheel(tmp_path, wheel, monkeypatch):
     """A wheel without a source file, or with an undecodable image, stops naming the member."""
-    stem = SPLITS["train"][0]
+    stem = SOURCES["train"][0]
     broken = {
         f"{WHEEL_DATA_DIR}{stem}.png": None,
         f"{WHEEL_DATA_DIR}{VAL_STEM}.png": b"\x89PNG\r\n\x1a\n garbage",
@@ -449,7 +453,7 @@ def test_register_coco_detection_missing_paths(prepared, tmp_path):
 
 
 def test_missing_image_file_is_named_on_load(scratch):
-    json_file, image_root = demo_trees.dataset_paths(scratch)["trees_val"]
+    json_file, image_root = trees.dataset_paths(scratch)["trees_val"]
     victim = sorted(os.listdir(image_root))[3]
     os.remove(os.path.join(image_root, victim))
     name = "aadet_test_missing_image"
@@ -484,6 +488,45 @@ def test_register_trees(prepared, tmp_path, restore_trees_registration):
 
 def test_import_registers_default_names():
     assert {"trees_train", "trees_val"} <= set(DatasetCatalog.list())
+    assert trees.SPLITS == tuple(SOURCES) and set(trees.dataset_paths()) == {
+        "trees_train", "trees_val"}
+    with pytest.raises(ValueError, match=r"split must be one of \('train', 'val'\), got 'test'"):
+        trees.dataset_name("test")
+
+
+# Source text that marks download / archive / file-preparation code (tools/demo_trees.py has all).
+_PREP_MARKERS = ("import zipfile", "import urllib", "from urllib", "pip download", '"download"',
+                 "import subprocess", "import shutil", "import hashlib")
+
+
+def test_importing_aadet_loads_no_data_preparation_code():
+    """``import aadet`` (with its data, engine and analysis packages) loads no download or
+    preparation code: in a fresh interpreter no prep module is imported and no loaded module of
+    ours contains a downloader (zipfile / urllib / pip / subprocess)."""
+    code = (
+        "import json, sys\n"
+        "import aadet, aadet.data, aadet.engine, aadet.analysis\n"
+        "mods = {n: getattr(m, '__file__', None) for n, m in list(sys.modules.items())}\n"
+        "print(json.dumps(mods))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    mods = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "aadet.data.trees" in mods and mods["aadet"].startswith(REPO)
+    prep = [n for n in mods if "demo_trees" in n or "prepare" in n.split(".")[-1]]
+    assert prep == [], f"import aadet loaded preparation modules {prep}"
+    ours = {n: f for n, f in mods.items() if (n == "aadet" or n.startswith("aadet.")) and f}
+    assert len(ours) > 10, sorted(ours)  # the check below looks at real modules
+    for name, path in ours.items():
+        with open(path) as f:
+            source = f.read()
+        found = [m for m in _PREP_MARKERS if m in source]
+        assert not found, f"{name} ({path}) is loaded by `import aadet` and contains {found}"
+    with open(demo_trees.__file__) as f:  # the markers do find the real preparation code
+        source = f.read()
+    assert all(m in source for m in ("import zipfile", "import subprocess", '"download"'))
 
 
 # ---------------------------------------------------------------- checks
@@ -596,6 +639,23 @@ def test_check_dataset_cli(tmp_path, prepared, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(check_coco_json(json_file, image_root))
     assert tool.main(list(prepared.splits["trees_val"])) == 0
+
+
+@pytest.mark.slow  # a fresh interpreter importing Detectron2 (test_prepare_demo_data_cli is fast)
+def test_prepare_demo_data_script_runs_from_anywhere(prepared, wheel, tmp_path):
+    """``python tools/prepare_demo_data.py`` imports its sibling ``demo_trees`` and the installed
+    ``aadet`` with no ``sys.path`` edits (here ``aadet`` comes from $PYTHONPATH)."""
+    root = os.path.dirname(prepared.dataset_dir)
+    cmd = [sys.executable, os.path.join(REPO, "tools", "prepare_demo_data.py"), "--root", root,
+           "--wheel", wheel]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == [
+        "trees_train: 62 images, 1067 boxes -> "
+        f"{prepared.splits['trees_train'][0]} (up to date)",
+        f"trees_val: 12 images, 414 boxes -> {prepared.splits['trees_val'][0]} (up to date)",
+    ]
 
 
 def test_prepare_demo_data_cli(prepared, wheel, tmp_path, capsys):

@@ -44,6 +44,7 @@ def read_metrics(out):
     return evals[-1], losses
 
 
+@pytest.mark.slow  # 80-145 s each on 2 cores
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_short_training_learns(name, trees_root, tmp_path):
     config, overrides, min_ap50 = RUNS[name]

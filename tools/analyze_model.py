@@ -25,7 +25,6 @@ import warnings
 warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from aadet.analysis.model_table import (  # noqa: E402
     analyze_config,
@@ -149,7 +148,7 @@ def main(argv=None) -> int:
         )
         sys.stdout.write(render_markdown(rows, command))
     if args.json:
-        from aadet.analysis.timing import write_json
+        from aadet.analysis.report import write_json
 
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0

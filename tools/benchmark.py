@@ -27,15 +27,16 @@ boxes, generated once and loaded by every case; no dataset needed):
   and AMP mode.
 
 Each (config, AMP) case runs in a fresh process, so one model's allocator state cannot inflate
-another's peak. AMP: float16 autocast with a GradScaler on CUDA (Detectron2's AMPTrainer),
-bfloat16 autocast on CPU. On CPU the process CPU time per iteration is recorded next to wall
-time: on a shared machine it is the steadier number (with ``OMP_NUM_THREADS=1`` it is the
-compute time). Writes JSON (``--output-json``) and a markdown table (``--output-md``, or
-stdout).
+another's peak. AMP: autocast to ``--amp-dtype`` (default float16 with a GradScaler on CUDA, as
+Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler). On CPU the
+process CPU time per iteration is recorded next to wall time: on a shared machine it is the
+steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Writes JSON
+(``--output-json``) and a markdown table (``--output-md``, or stdout); timing and report helpers:
+``aadet/analysis/timing.py`` and ``aadet/analysis/report.py``, shared with
+``tools/benchmark_layers.py``.
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -44,17 +45,28 @@ import warnings
 warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
-from aadet.analysis.timing import (  # noqa: E402
-    PeakMemory,
-    environment_info,
+from aadet.analysis.report import (  # noqa: E402
+    fmt,
+    header_line,
+    index_results,
     markdown_table,
-    run_case_in_subprocess,
-    time_fn,
+    mib,
+    ratios,
     write_report,
+)
+from aadet.analysis.timing import (  # noqa: E402
+    AMP_DTYPES,
+    autocast,
+    check_amp_dtype,
+    environment_info,
+    measure,
+    needs_grad_scaler,
+    peak_memory_meaning,
+    run_case_in_subprocess,
+    worker_main,
 )
 
 BOXES_PER_IMAGE = 8
@@ -94,7 +106,13 @@ def build_parser():
         "--amp",
         choices=("off", "on", "both"),
         default="off",
-        help="autocast: fp16 + GradScaler on CUDA, bf16 on CPU (default off)",
+        help="autocast to --amp-dtype (default off)",
+    )
+    p.add_argument(
+        "--amp-dtype",
+        choices=sorted(AMP_DTYPES),
+        default=None,
+        help="autocast dtype (default float16 + GradScaler on CUDA, bfloat16 on CPU)",
     )
     p.add_argument("--no-train", action="store_true", help="skip the training measurement")
     p.add_argument("--no-inference", action="store_true", help="skip the inference measurement")
@@ -168,12 +186,11 @@ def run_case(spec: dict) -> dict:
     model = build_model(cfg).to(device)
     data = torch.load(spec["batch_file"])
     num_classes = cfg.MODEL.RETINANET.NUM_CLASSES
-    amp = spec["amp"]
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    autocast = lambda: torch.autocast(device.type, dtype=amp_dtype, enabled=amp)  # noqa: E731
+    amp, amp_dtype = spec["amp"], spec["amp_dtype"]
     result = {
         "config": spec["config"],
         "amp": amp,
+        "amp_dtype": amp_dtype,
         "params": count_parameters(model),
         "env": environment_info(device),
     }
@@ -183,27 +200,20 @@ def run_case(spec: dict) -> dict:
         model.eval()
 
         def infer():
-            with torch.no_grad(), autocast():
+            with torch.no_grad(), autocast(device, amp_dtype, amp):
                 model(inputs)
 
-        with PeakMemory(device) as mem:
-            t = time_fn(infer, warmup=spec["warmup"], iters=spec["iters"], device=device)
-        result["inference"] = dict(
-            t,
-            peak_bytes=mem.peak_bytes,
-            peak_abs_bytes=mem.peak_abs_bytes,
-            peak_exact=mem.exact,
-            per_image_s=t["median_s"] / len(inputs),
-        )
+        m = measure(infer, warmup=spec["warmup"], iters=spec["iters"], device=device)
+        result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs))
 
     if not spec["no_train"]:
         inputs = _detectron2_inputs(data, num_classes, with_instances=True)
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
-        scaler = torch.amp.GradScaler("cuda", enabled=amp and device.type == "cuda")
+        scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, amp_dtype, amp))
 
         def step():
-            with autocast():
+            with autocast(device, amp_dtype, amp):
                 losses = model(inputs)
             loss = sum(losses.values())
             opt.zero_grad(set_to_none=True)
@@ -211,52 +221,37 @@ def run_case(spec: dict) -> dict:
             scaler.step(opt)
             scaler.update()
 
-        with EventStorage(0), PeakMemory(device) as mem:  # RetinaNet's losses log to a storage
-            t = time_fn(step, warmup=spec["warmup"], iters=spec["iters"], device=device)
-        result["train"] = dict(
-            t,
-            peak_bytes=mem.peak_bytes,
-            peak_abs_bytes=mem.peak_abs_bytes,
-            peak_exact=mem.exact,
-            images_per_s=len(inputs) / t["median_s"],
-        )
+        with EventStorage(0):  # RetinaNet's losses log to a storage
+            m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device)
+        result["train"] = dict(m, images_per_s=len(inputs) / m["median_s"])
     return result
 
 
 # ----------------------------------------------------------------------------- report
-def _ratio(a, b):
-    return None if a is None or b in (None, 0) else a / b
+#: ratio name -> the number compared, in a result (all ratios: result / baseline).
+RATIO_METRICS = {
+    "train_time": "train.median_s",
+    "train_cpu_time": "train.cpu_median_s",
+    "images_per_s": "train.images_per_s",
+    "train_peak_mem": "train.peak_bytes",
+    "inference_time": "inference.median_s",
+    "inference_cpu_time": "inference.cpu_median_s",
+    "inference_peak_mem": "inference.peak_bytes",
+}
 
 
 def add_ratios(results, baseline: str):
     """``ratios`` per result: to the baseline config's result with the same AMP mode."""
-    base = {(r["config"], r["amp"]): r for r in results if "error" not in r}
+    base = index_results(results, key=lambda r: (r["config"], r["amp"]))
     for r in results:
-        if "error" in r:
-            continue
         b = base.get((baseline, r["amp"]))
-        if b is None:
-            continue
-        rt = {}
-        if "train" in r and "train" in b:
-            rt["train_time"] = _ratio(r["train"]["median_s"], b["train"]["median_s"])
-            rt["train_cpu_time"] = _ratio(r["train"]["cpu_median_s"], b["train"]["cpu_median_s"])
-            rt["images_per_s"] = _ratio(r["train"]["images_per_s"], b["train"]["images_per_s"])
-            rt["train_peak_mem"] = _ratio(r["train"]["peak_bytes"], b["train"]["peak_bytes"])
-        if "inference" in r and "inference" in b:
-            rt["inference_time"] = _ratio(r["inference"]["median_s"], b["inference"]["median_s"])
-            rt["inference_cpu_time"] = _ratio(
-                r["inference"]["cpu_median_s"], b["inference"]["cpu_median_s"]
-            )
-            rt["inference_peak_mem"] = _ratio(
-                r["inference"]["peak_bytes"], b["inference"]["peak_bytes"]
-            )
-        r["ratios"] = rt
+        if "error" not in r and b is not None:
+            r["ratios"] = ratios(r, b, RATIO_METRICS)
     return results
 
 
-def _f(x, fmt):
-    return "–" if x is None else format(x, fmt)
+def _amp_cell(r) -> str:
+    return r.get("amp_dtype", "on") if r["amp"] else "off"
 
 
 def render_markdown(report: dict) -> str:
@@ -284,43 +279,40 @@ def render_markdown(report: dict) -> str:
         name = os.path.splitext(os.path.basename(r["config"]))[0]
         if "error" in r:
             rows.append(
-                [f"`{name}`", "on" if r["amp"] else "off", "error: " + r["error"][:80]]
+                [f"`{name}`", _amp_cell(r), "error: " + r["error"][:80]]
                 + [""] * (len(headers) - 3)
             )
             continue
         tr, inf, rt = r.get("train", {}), r.get("inference", {}), r.get("ratios", {})
         row = [
             f"`{name}`",
-            "on" if r["amp"] else "off",
-            f"{r['params'] / 1e6:.2f}",
-            _f(tr.get("median_s") and 1e3 * tr["median_s"], ".1f"),
-            _f(rt.get("train_time"), ".2f"),
-            _f(tr.get("images_per_s"), ".2f"),
-            _f(tr.get("peak_bytes") and tr["peak_bytes"] / 2**20, ".0f"),
-            _f(rt.get("train_peak_mem"), ".2f"),
-            _f(inf.get("median_s") and 1e3 * inf["median_s"], ".1f"),
-            _f(rt.get("inference_time"), ".2f"),
-            _f(inf.get("peak_bytes") and inf["peak_bytes"] / 2**20, ".0f"),
-            _f(rt.get("inference_peak_mem"), ".2f"),
+            _amp_cell(r),
+            fmt(r["params"], ".2f", 1e-6),
+            fmt(tr.get("median_s"), ".1f", 1e3),
+            fmt(rt.get("train_time"), ".2f"),
+            fmt(tr.get("images_per_s"), ".2f"),
+            fmt(mib(tr.get("peak_bytes")), ".0f"),
+            fmt(rt.get("train_peak_mem"), ".2f"),
+            fmt(inf.get("median_s"), ".1f", 1e3),
+            fmt(rt.get("inference_time"), ".2f"),
+            fmt(mib(inf.get("peak_bytes")), ".0f"),
+            fmt(rt.get("inference_peak_mem"), ".2f"),
         ]
         if cpu:
             row[5:5] = [
-                _f(tr.get("cpu_median_s") and 1e3 * tr["cpu_median_s"], ".1f"),
-                _f(rt.get("train_cpu_time"), ".2f"),
+                fmt(tr.get("cpu_median_s"), ".1f", 1e3),
+                fmt(rt.get("train_cpu_time"), ".2f"),
             ]
             row += [
-                _f(inf.get("cpu_median_s") and 1e3 * inf["cpu_median_s"], ".1f"),
-                _f(rt.get("inference_cpu_time"), ".2f"),
+                fmt(inf.get("cpu_median_s"), ".1f", 1e3),
+                fmt(rt.get("inference_cpu_time"), ".2f"),
             ]
         rows.append(row)
-    env = report["env"]
     head = (
-        f"Device: {env['device_name']} ({report['device']}), torch {env['torch']}, "
-        f"{env['torch_threads']} thread(s); input {report['size'][0]}x{report['size'][1]}, batch "
-        f"{report['batch']}, median of {report['iters']} iterations after {report['warmup']} warm-up; "
-        f"baseline `{os.path.splitext(os.path.basename(report['baseline']))[0]}`. Peak memory: "
-        f"{'CUDA max allocated' if not cpu else 'process RSS high-water mark'} above the state "
-        f"before the phase.\n\n"
+        header_line(report, peak_memory_meaning(report["device"]))
+        + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, median of "
+        f"{report['iters']} iterations after {report['warmup']} warm-up; baseline "
+        f"`{os.path.splitext(os.path.basename(report['baseline']))[0]}`.\n\n"
     )
     return head + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
 
@@ -328,22 +320,8 @@ def render_markdown(report: dict) -> str:
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.worker:
-        with open(args.worker) as f:
-            spec = json.load(f)
-        try:
-            out = run_case(spec)
-        except Exception as e:  # reported in the table; the run goes on with the other configs
-            if spec["device"].startswith("cuda") and isinstance(e, torch.cuda.OutOfMemoryError):
-                out = {
-                    "config": spec["config"],
-                    "amp": spec["amp"],
-                    "error": f"CUDA out of memory: {e}"[:500],
-                }
-            else:
-                raise
-        print(json.dumps(out))
-        return 0
+    if args.worker:  # one case, in its own process; CUDA OOM is reported in the table
+        return worker_main(args.worker, run_case)
 
     if not args.configs:
         raise SystemExit(
@@ -352,6 +330,9 @@ def main(argv=None) -> int:
     missing = [c for c in args.configs if not os.path.isfile(c)]
     if missing:
         raise SystemExit(f"config file(s) not found: {missing}")
+    repeated = sorted({c for c in args.configs if args.configs.count(c) > 1})
+    if repeated:
+        raise SystemExit(f"--configs lists {repeated} more than once (ratios need one result each)")
     baseline = args.baseline or args.configs[0]
     if baseline not in args.configs:
         raise SystemExit(f"--baseline {baseline} must be one of --configs")
@@ -362,6 +343,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but CUDA is not available")
+    amp_dtype = check_amp_dtype(args.amp_dtype, device)
     cuda = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     iters = args.iters if args.iters is not None else (30 if cuda else 5)
@@ -380,6 +362,7 @@ def main(argv=None) -> int:
                     config=config,
                     device=str(device),
                     amp=amp,
+                    amp_dtype=amp_dtype,
                     opts=list(args.opts),
                     seed=args.seed,
                     warmup=warmup,
@@ -390,13 +373,13 @@ def main(argv=None) -> int:
                     no_inference=args.no_inference,
                 )
                 print(
-                    f"[benchmark] {config} amp={'on' if amp else 'off'} ...",
+                    f"[benchmark] {config} amp={amp_dtype if amp else 'off'} ...",
                     file=sys.stderr,
                     flush=True,
                 )
                 r = run_case_in_subprocess(__file__, spec, tmp)
                 if "error" in r:
-                    r.update(config=config, amp=amp)
+                    r.update(config=config, amp=amp, amp_dtype=amp_dtype)
                 results.append(r)
     add_ratios(results, baseline)
     report = {
@@ -405,6 +388,7 @@ def main(argv=None) -> int:
         "batch": args.batch,
         "warmup": warmup,
         "iters": iters,
+        "amp_dtype": amp_dtype if True in amps else None,
         "baseline": baseline,
         "opts": list(args.opts),
         "env": environment_info(device),

@@ -5,8 +5,10 @@
     python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
 
 Forward + backward time (median after warm-up) and peak memory, every case in a fresh process
-(timing and memory helpers: ``aadet/analysis/timing.py``, shared with ``tools/benchmark.py``), at
-the res3 / res4 / res5 map sizes of a 640x640 image (80, 40, 20):
+(timing, memory and AMP helpers: ``aadet/analysis/timing.py``; ratios, markdown and JSON:
+``aadet/analysis/report.py``; both shared with ``tools/benchmark.py``), at the res3 / res4 / res5
+map sizes of a 640x640 image (80, 40, 20). ``--amp`` autocasts to ``--amp-dtype`` (default
+float16 on CUDA, bfloat16 on CPU):
 
 * **AA** (``--suite aa``), AA-R50 widths ``Fout = Fin`` = 128 / 256 / 512 at 80 / 40 / 20,
   kappa = 0.2, nu = 0.1, 8 heads, relative logits:
@@ -34,25 +36,33 @@ Before timing, each naive implementation is checked against ours on a small floa
 """
 
 import argparse
-import json
 import math
-import os
 import sys
 import tempfile
 import warnings
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
-from aadet.analysis.timing import (  # noqa: E402
-    PeakMemory,
-    environment_info,
+from aadet.analysis.report import (  # noqa: E402
+    fmt,
+    header_line,
+    index_results,
     markdown_table,
-    run_case_in_subprocess,
-    time_fn,
+    mib,
+    ratios,
     write_report,
+)
+from aadet.analysis.timing import (  # noqa: E402
+    AMP_DTYPES,
+    autocast,
+    check_amp_dtype,
+    environment_info,
+    measure,
+    peak_memory_meaning,
+    run_case_in_subprocess,
+    worker_main,
 )
 from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
 from aadet.layers.functional.reference import (  # noqa: E402
@@ -202,21 +212,13 @@ def run_case(spec):
     device = torch.device(spec["device"])
     case = spec["case"]
     step = _make_work(case, spec["batch"], device, torch.float32)
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    amp_dtype = check_amp_dtype(spec.get("amp_dtype"), device)
 
     def work():
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=spec["amp"]):
+        with autocast(device, amp_dtype, spec["amp"]):
             step()
 
-    with PeakMemory(device) as mem:
-        t = time_fn(work, warmup=spec["warmup"], iters=spec["iters"], device=device)
-    return dict(
-        case,
-        **t,
-        peak_bytes=mem.peak_bytes,
-        peak_abs_bytes=mem.peak_abs_bytes,
-        peak_exact=mem.exact,
-    )
+    return dict(case, **measure(work, warmup=spec["warmup"], iters=spec["iters"], device=device))
 
 
 # ----------------------------------------------------------------------------- report
@@ -237,9 +239,13 @@ def _key(r):
     return (r["suite"], r["kind"], r["impl"], r["side"])
 
 
+#: ratio name -> the number compared (result / reference).
+RATIO_METRICS = {"time": "median_s", "cpu_time": "cpu_median_s", "peak_mem": "peak_bytes"}
+
+
 def add_ratios(results):
     """AA: ratios to the naive case of the same kind and size; SASA: to the 3x3 conv and unfold."""
-    by = {_key(r): r for r in results if "median_s" in r}
+    by = index_results(results, key=_key)
     for r in results:
         if "median_s" not in r:
             continue
@@ -252,28 +258,16 @@ def add_ratios(results):
         for name, k in refs.items():
             ref = by.get((*k, r["side"]))
             if ref is not None:
-                r["ratios"][name] = {
-                    "time": r["median_s"] / ref["median_s"],
-                    "cpu_time": (
-                        r["cpu_median_s"] / ref["cpu_median_s"] if ref["cpu_median_s"] else None
-                    ),
-                    "peak_mem": r["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
-                }
+                r["ratios"][name] = ratios(r, ref, RATIO_METRICS)
     return results
 
 
-def _fmt(x, f):
-    return "–" if x is None else format(x, f)
-
-
 def render_markdown(report) -> str:
-    env = report["env"]
     out = [
-        f"Device: {env['device_name']} ({report['device']}), torch {env['torch']}, {env['torch_threads']} "
-        f"thread(s); batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
-        f"median of {report['iters']} after {report['warmup']} warm-up; peak memory "
-        f"{'CUDA max allocated' if report['device'].startswith('cuda') else 'process RSS high-water mark'} "
-        f"above the inputs. Reference check (float64, max abs diff naive vs ours): "
+        header_line(report, peak_memory_meaning(report["device"]))
+        + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
+        f"median of {report['iters']} after {report['warmup']} warm-up. Reference check (float64, "
+        "max abs diff naive vs ours): "
         f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
     ]
     for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold"))):
@@ -287,10 +281,10 @@ def render_markdown(report) -> str:
                 why = r.get("skipped") or ("error: " + r.get("error", "?"))
                 rows.append([size, label, why] + [""] * (2 + 2 * len(refs)))
                 continue
-            row = [size, label, f"{1e3 * r['median_s']:.1f}", f"{1e3 * r['cpu_median_s']:.1f}"]
-            row += [_fmt(r["ratios"].get(n, {}).get("time"), ".2f") for n in refs]
-            row += [f"{r['peak_bytes'] / 2 ** 20:.0f}"]
-            row += [_fmt(r["ratios"].get(n, {}).get("peak_mem"), ".2f") for n in refs]
+            row = [size, label, fmt(r["median_s"], ".1f", 1e3), fmt(r["cpu_median_s"], ".1f", 1e3)]
+            row += [fmt(r["ratios"].get(n, {}).get("time"), ".2f") for n in refs]
+            row += [fmt(mib(r["peak_bytes"]), ".0f")]
+            row += [fmt(r["ratios"].get(n, {}).get("peak_mem"), ".2f") for n in refs]
             rows.append(row)
         if not rows:
             continue
@@ -329,7 +323,13 @@ def build_parser():
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default 3 CPU, 30 CUDA)"
     )
-    p.add_argument("--amp", action="store_true", help="autocast (fp16 on CUDA, bf16 on CPU)")
+    p.add_argument("--amp", action="store_true", help="autocast to --amp-dtype")
+    p.add_argument(
+        "--amp-dtype",
+        choices=sorted(AMP_DTYPES),
+        default=None,
+        help="autocast dtype with --amp (default float16 on CUDA, bfloat16 on CPU)",
+    )
     p.add_argument(
         "--max-naive-gib",
         type=float,
@@ -345,18 +345,19 @@ def build_parser():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.worker:
-        with open(args.worker) as f:
-            print(json.dumps(run_case(json.load(f))))
-        return 0
+    if args.worker:  # one case, in its own process; CUDA OOM is reported in the table
+        return worker_main(args.worker, run_case)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but CUDA is not available")
+    amp_dtype = check_amp_dtype(args.amp_dtype, device)
     cuda = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 1)
     iters = args.iters if args.iters is not None else (30 if cuda else 3)
     max_gib = args.max_naive_gib if args.max_naive_gib is not None else (math.inf if cuda else 6.0)
     suites = ("aa", "sasa") if args.suite == "all" else (args.suite,)
+    if len(set(args.sizes)) != len(args.sizes):
+        raise SystemExit(f"--sizes lists a size more than once: {args.sizes}")
     with torch.no_grad():
         ref = check_references()
     if max(ref.values()) > 1e-9:
@@ -375,6 +376,7 @@ def main(argv=None) -> int:
                 warmup=warmup,
                 iters=iters,
                 amp=args.amp,
+                amp_dtype=amp_dtype,
                 threads=args.threads,
             )
             r = run_case_in_subprocess(__file__, spec, tmp)
@@ -388,6 +390,7 @@ def main(argv=None) -> int:
         warmup=warmup,
         iters=iters,
         amp=args.amp,
+        amp_dtype=amp_dtype if args.amp else None,
         env=environment_info(device),
         reference_check=ref,
         results=results,

@@ -9,14 +9,9 @@ RGBA images. See ``aadet/data/checks.py``.
 """
 
 import argparse
-import os
 import sys
 
-try:
-    from aadet.data.checks import check_coco_json
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from aadet.data.checks import check_coco_json
+from aadet.data.checks import check_coco_json
 
 
 def main(argv=None) -> int:

@@ -58,7 +58,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from aadet.analysis import gpu_report  # noqa: E402
-from aadet.analysis.timing import environment_info, run_worker, write_json  # noqa: E402
+from aadet.analysis.report import write_json  # noqa: E402
+from aadet.analysis.timing import environment_info, run_worker  # noqa: E402
 
 #: Default time budget of each stage in seconds (a lent machine runs a command 10 minutes).
 DEFAULT_BUDGET_S = {"tests": 300, "configs": 300, "demo": 540, "benchmarks": 560}

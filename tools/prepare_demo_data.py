@@ -8,18 +8,15 @@
 Downloads the pinned ``deepforest==2.1.0`` wheel with pip (no dependencies, not installed) into
 ``<root>/.cache/``, reads the NEON images and boxes from it, and writes ``<root>/trees/``. A second
 run does nothing; an interrupted run leaves nothing that looks complete. The split, tiling and
-clipping rule are documented in ``aadet/data/demo_trees.py``.
+clipping rule are documented in ``tools/demo_trees.py`` (beside this script; the dataset names
+and paths it writes are ``aadet/data/trees.py``'s, the ones ``register_trees`` reads).
 """
 
 import argparse
-import os
 import sys
 
-try:
-    from aadet.data import demo_trees
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from aadet.data import demo_trees
+import demo_trees  # tools/demo_trees.py: Python puts this script's folder on the path
+from aadet.data.trees import default_root
 
 
 def main(argv=None) -> int:
@@ -30,7 +27,7 @@ def main(argv=None) -> int:
         "--root",
         default=None,
         help="data root (default: $AADET_DATASETS, else $DETECTRON2_DATASETS, else ./datasets; "
-        f"now {demo_trees.default_root()!r})",
+        f"now {default_root()!r})",
     )
     parser.add_argument(
         "--wheel",

@@ -7,10 +7,6 @@
   python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS output/model_final.pth
 """
 import logging
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from detectron2.engine import default_argument_parser, default_setup, launch  # noqa: E402
 from detectron2.evaluation import verify_results  # noqa: E402

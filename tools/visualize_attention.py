@@ -9,10 +9,6 @@ Pixels are ``x,y`` in the original image. Without ``--layer`` the first augmente
 ``--list-layers`` prints the model's AA layers.
 """
 import argparse
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -6,9 +6,6 @@ boxes, to check the recipe; or the raw annotations with --source annotation.
 """
 import argparse
 import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from detectron2.data import DatasetCatalog, DatasetMapper, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import Visualizer  # noqa: E402

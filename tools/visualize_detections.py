@@ -7,9 +7,6 @@
 """
 import argparse
 import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402

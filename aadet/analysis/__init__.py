@@ -5,7 +5,9 @@ and the timing/memory helpers shared by ``tools/benchmark.py`` and ``tools/bench
 * :mod:`.flops` -- fvcore's ``FlopCountAnalysis`` with attention counted by the papers'
   algorithmic formulas (see that module for the exact convention).
 * :mod:`.paper` -- the AA / SASA papers' parameter and FLOP numbers, keyed by config name.
-* :mod:`.timing` -- warm-up + median timing, CUDA sync, peak memory (CUDA or process RSS).
+* :mod:`.timing` -- warm-up + median timing, CUDA sync, peak memory (CUDA or process RSS), the
+  AMP dtype, one benchmark case per process.
+* :mod:`.report` -- benchmark reports: ratios to a reference result, markdown tables, JSON.
 """
 
 from .flops import (  # noqa: F401

@@ -31,6 +31,8 @@ import os
 import xml.etree.ElementTree as ET
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
+from .report import markdown_table, mib, ratio
+
 __all__ = [
     "SCHEMA_VERSION",
     "BASELINE_CONFIG",
@@ -53,7 +55,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-MIB = 2**20
 
 # ----------------------------------------------------------------------------- what is measured
 #: The conv R50 RetinaNet every config ratio is taken against (same run, same precision).
@@ -124,16 +125,12 @@ def config_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or not b else a / b
-
-
 def _ms(section: Optional[dict]) -> Optional[float]:
     return None if not section or section.get("median_s") is None else 1e3 * section["median_s"]
 
 
 def _mib(section: Optional[dict]) -> Optional[float]:
-    return None if not section or section.get("peak_bytes") is None else section["peak_bytes"] / MIB
+    return None if not section else mib(section.get("peak_bytes"))
 
 
 # ----------------------------------------------------------------------------- benchmark JSON
@@ -167,7 +164,7 @@ def config_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
     for row in rows:
         b = base.get(row["precision"], {})
         for key in ("train_ms", "infer_ms", "train_peak_mib"):
-            row[key + "_ratio"] = _ratio(row[key], b.get(key))
+            row[key + "_ratio"] = ratio(row[key], b.get(key))
     return rows
 
 
@@ -191,7 +188,7 @@ def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
             "side": r["side"],
             "channels": r.get("channels"),
             "train_ms": None if r.get("median_s") is None else 1e3 * r["median_s"],
-            "train_peak_mib": None if r.get("peak_bytes") is None else r["peak_bytes"] / MIB,
+            "train_peak_mib": mib(r.get("peak_bytes")),
         }
         if "error" in r or "skipped" in r:
             row["error"] = str(r.get("error") or r.get("skipped"))[:300]
@@ -200,7 +197,7 @@ def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
     for row in rows:
         b = ref.get((row["suite"], row["side"]))
         for key in ("train_ms", "train_peak_mib"):
-            row[key + "_ratio"] = None if b is None else _ratio(row[key], b[key])
+            row[key + "_ratio"] = None if b is None else ratio(row[key], b[key])
     return [row for row in rows if (row["suite"], row["side"]) in ref]
 
 
@@ -310,8 +307,6 @@ def _verdict(v: dict) -> str:
 
 def render_benchmarks_markdown(bench: dict) -> str:
     """The BENCHMARKS.md GPU section: configs, layers and target verdicts as markdown tables."""
-    from .timing import markdown_table
-
     out = [
         f"Device: **{bench['device_name']}**, torch {bench['torch']}, CUDA {bench['cuda']}; "
         f"detectors at {_f(bench['size'] and bench['size'][0], 'd')}x"
@@ -414,8 +409,6 @@ def merge_stage_results(stage_results: Dict[str, dict], env: Optional[dict] = No
 
 
 def _stage_markdown(name: str, s: dict) -> List[str]:
-    from .timing import markdown_table
-
     out = [f"\n## {name}: {s['status']}\n\n{STAGES[name]}."]
     if s.get("elapsed_s") is not None:
         out.append(f" Ran {s['elapsed_s']:.0f} s (budget {_f(s.get('budget_s'), '.0f')} s).")

@@ -1,11 +1,17 @@
-"""Timing and peak-memory measurement shared by ``tools/benchmark.py`` and
-``tools/benchmark_layers.py``.
+"""Timing, peak-memory measurement, AMP settings and worker processes shared by
+``tools/benchmark.py`` and ``tools/benchmark_layers.py`` (their report -- ratios, markdown, JSON --
+is :mod:`aadet.analysis.report`).
 
 Timing (:func:`time_fn`): ``warmup`` untimed calls, then ``iters`` timed calls, each bracketed by
 a device synchronization (``torch.cuda.synchronize`` on CUDA), summarised by the median (robust
 to the odd slow iteration) and the 25/75 % quantiles. Besides wall-clock time, the process CPU
 time of each call is recorded: on a CPU shared with other jobs it is far less sensitive to the
 scheduler than wall time (with ``OMP_NUM_THREADS=1`` it *is* the compute time of the call).
+
+AMP (:func:`autocast`): ``--amp-dtype`` of both tools, one of :data:`AMP_DTYPES`; by default
+float16 on CUDA (with a GradScaler, like Detectron2's AMPTrainer) and bfloat16 on CPU
+(:func:`default_amp_dtype`). bfloat16 has float32's exponent range, so it needs no loss scaling
+(:func:`needs_grad_scaler`).
 
 Peak memory (:class:`PeakMemory`), what "peak" means on each device:
 
@@ -35,17 +41,55 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 __all__ = [
+    "AMP_DTYPES",
+    "default_amp_dtype",
+    "check_amp_dtype",
+    "needs_grad_scaler",
+    "autocast",
     "TimingResult",
     "synchronize",
     "time_fn",
     "PeakMemory",
+    "peak_memory_meaning",
+    "measure",
     "environment_info",
     "run_worker",
     "run_case_in_subprocess",
-    "markdown_table",
-    "write_json",
-    "write_report",
+    "worker_main",
 ]
+
+#: ``--amp-dtype`` values and their autocast dtypes.
+AMP_DTYPES: Dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def default_amp_dtype(device) -> str:
+    """``"float16"`` on CUDA (tensor cores, Detectron2's AMP), ``"bfloat16"`` elsewhere (CPU
+    autocast's native type)."""
+    return "float16" if torch.device(device).type == "cuda" else "bfloat16"
+
+
+def check_amp_dtype(name: Optional[str], device) -> str:
+    """``name`` if it is one of :data:`AMP_DTYPES`, :func:`default_amp_dtype` for None.
+
+    Raises:
+        ValueError: naming ``--amp-dtype`` and the allowed values.
+    """
+    if name is None:
+        return default_amp_dtype(device)
+    if name not in AMP_DTYPES:
+        raise ValueError(f"--amp-dtype must be one of {sorted(AMP_DTYPES)}, got {name!r}")
+    return name
+
+
+def needs_grad_scaler(device, amp_dtype: str, enabled: bool = True) -> bool:
+    """Loss scaling is needed for float16 on CUDA only (bfloat16 has float32's range)."""
+    return enabled and torch.device(device).type == "cuda" and amp_dtype == "float16"
+
+
+def autocast(device, amp_dtype: str, enabled: bool = True) -> torch.autocast:
+    """``torch.autocast`` on ``device``'s type with :data:`AMP_DTYPES` ``[amp_dtype]``."""
+    dtype = AMP_DTYPES[check_amp_dtype(amp_dtype, device)]
+    return torch.autocast(torch.device(device).type, dtype=dtype, enabled=enabled)
 
 
 def synchronize(device) -> None:
@@ -172,6 +216,23 @@ class PeakMemory:
         return False
 
 
+def peak_memory_meaning(device) -> str:
+    """What :class:`PeakMemory`'s ``peak_bytes`` is on ``device``, for report headers."""
+    if torch.device(device).type == "cuda":
+        return "CUDA max allocated above the state before the phase"
+    return "process RSS high-water mark above the state before the phase"
+
+
+def measure(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") -> dict:
+    """:func:`time_fn` inside :class:`PeakMemory`: the timing keys plus ``peak_bytes``,
+    ``peak_abs_bytes`` and ``peak_exact`` (the keys of every benchmark result)."""
+    with PeakMemory(device) as mem:
+        t = time_fn(fn, warmup=warmup, iters=iters, device=device)
+    return dict(
+        t, peak_bytes=mem.peak_bytes, peak_abs_bytes=mem.peak_abs_bytes, peak_exact=mem.exact
+    )
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -249,44 +310,15 @@ def run_case_in_subprocess(
         os.remove(spec_file)
 
 
-def markdown_table(
-    headers: Sequence[str], rows: Sequence[Sequence[object]], align: Optional[str] = None
-) -> str:
-    """A GitHub markdown table; ``align`` one char per column, ``l`` or ``r`` (default: l then r)."""
-    align = align or ("l" + "r" * (len(headers) - 1))
-    if len(align) != len(headers):
-        raise ValueError(f"align needs one of 'l'/'r' per column ({len(headers)}); got {align!r}")
-    sep = ["---:" if a == "r" else ":---" for a in align]
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(sep) + "|"]
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns: {row}")
-        out.append("| " + " | ".join(str(c) for c in row) + " |")
-    return "\n".join(out) + "\n"
-
-
-def write_report(report: dict, markdown: str, output_json: str = "", output_md: str = "") -> int:
-    """Write a benchmark report as JSON and markdown (markdown to stdout without ``output_md``).
-
-    Returns the exit status: 1 if any result carries an ``"error"``, else 0.
-    """
-    if output_json:
-        write_json(output_json, report)
-    if output_md:
-        os.makedirs(os.path.dirname(os.path.abspath(output_md)), exist_ok=True)
-        with open(output_md, "w") as f:
-            f.write(markdown)
-    else:
-        sys.stdout.write(markdown)
-    return 1 if any("error" in r for r in report.get("results", [])) else 0
-
-
-def write_json(path: str, obj) -> None:
-    """Write ``obj`` as indented JSON, atomically (temp file + rename)."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+def worker_main(spec_file: str, run_case: Callable[[dict], dict]) -> int:
+    """The ``--worker SPEC.json`` mode of a benchmark tool: print ``run_case(spec)`` as one JSON
+    line. CUDA out of memory is a result (``{"error": ...}``), so the table shows it and the run
+    goes on; any other exception fails the worker (its stderr reaches the report's ``detail``)."""
+    with open(spec_file) as f:
+        spec = json.load(f)
+    try:
+        out = run_case(spec)
+    except torch.cuda.OutOfMemoryError as e:
+        out = {"error": f"CUDA out of memory: {e}"[:500]}
+    print(json.dumps(out))
+    return 0

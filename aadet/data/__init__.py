@@ -3,11 +3,12 @@
 Importing this package registers ``trees_train`` and ``trees_val`` under the default data root
 (``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else ``./datasets``) without touching the
 disk; make the data with ``python tools/prepare_demo_data.py`` and call :func:`register_trees` with
-another root if you used ``--root``.
+another root if you used ``--root``. The dataset's names, paths and class are
+:mod:`aadet.data.trees`; the preparation code (download, tiling) is not in the package
+(``tools/demo_trees.py``).
 """
 
 from .checks import Problem, check_coco_json  # noqa: F401
 from .datasets import register_coco_detection, register_trees  # noqa: F401
-from .demo_trees import prepare as prepare_trees  # noqa: F401
 
 register_trees()

@@ -7,8 +7,8 @@
     # then DATASETS.TRAIN: ("my_train",)
 
 :func:`register_trees` registers the built-in demo splits ``trees_train`` and ``trees_val`` (made
-by ``python tools/prepare_demo_data.py``, see :mod:`aadet.data.demo_trees`); ``import aadet.data``
-does it with the default data root, without touching the disk.
+by ``python tools/prepare_demo_data.py``; names and paths in :mod:`aadet.data.trees`);
+``import aadet.data`` does it with the default data root, without touching the disk.
 
 Both wrap what Detectron2's ``register_coco_instances`` does (a lazy ``load_coco_json`` loader and
 the metadata ``json_file``, ``image_root``, ``evaluator_type="coco"``), and add checks: a missing
@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import load_coco_json
 
-from . import demo_trees
+from . import trees
 
 __all__ = ["register_coco_detection", "register_trees"]
 
@@ -117,7 +117,7 @@ def register_coco_detection(
 def register_trees(root=None) -> Dict[str, tuple]:
     """Register the demo splits ``trees_train`` and ``trees_val`` under the data root ``root``.
 
-    ``root`` defaults to :func:`aadet.data.demo_trees.default_root` (``$AADET_DATASETS``, else
+    ``root`` defaults to :func:`aadet.data.trees.default_root` (``$AADET_DATASETS``, else
     ``$DETECTRON2_DATASETS``, else ``./datasets``). Lazy: the disk is read only by
     ``DatasetCatalog.get``, which raises FileNotFoundError with the command that makes the data
     (``python tools/prepare_demo_data.py --root ROOT``) when it is missing. Registering again with
@@ -126,9 +126,9 @@ def register_trees(root=None) -> Dict[str, tuple]:
     Returns:
         ``{name: (json_file, image_root)}``.
     """
-    root = _abspath(root if root is not None else demo_trees.default_root())
+    root = _abspath(root if root is not None else trees.default_root())
     hint = f"run `python tools/prepare_demo_data.py --root {root}` to make it"
-    paths = demo_trees.dataset_paths(root)
+    paths = trees.dataset_paths(root)
     for name, (json_file, image_root) in paths.items():
         existing = _registered_paths(name)
         if existing == (json_file, image_root):
@@ -137,6 +137,5 @@ def register_trees(root=None) -> Dict[str, tuple]:
             logger.info(f"Re-registering {name} from {existing[0]} to {json_file}")
             DatasetCatalog.remove(name)
             MetadataCatalog.remove(name)
-        thing_classes = [c["name"] for c in demo_trees.CATEGORIES]
-        _register(name, json_file, image_root, {"thing_classes": thing_classes}, hint)
+        _register(name, json_file, image_root, {"thing_classes": list(trees.THING_CLASSES)}, hint)
     return paths

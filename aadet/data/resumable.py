@@ -1,4 +1,4 @@
-"""A training stream that resumes exactly where a killed run stopped.
+"""A training stream that resumes exactly where a killed run stopped (public Detectron2 API only).
 
 Detectron2's ``TrainingSampler`` restarts its index stream from the beginning after ``--resume``,
 and the augmentations draw from the process-global NumPy RNG, so a resumed run sees different
@@ -20,28 +20,39 @@ import random
 
 import numpy as np
 from detectron2.data.samplers import TrainingSampler
-from torch.utils.data import Dataset
+from detectron2.utils import comm
+from torch.utils.data import Dataset, Sampler
 
 __all__ = ["ResumableTrainingSampler", "PositionKeyedDataset", "PositionSeededMapper"]
 
 
-class ResumableTrainingSampler(TrainingSampler):
-    """``TrainingSampler`` whose stream can start at global sample ``start``; yields int keys."""
+class ResumableTrainingSampler(Sampler):
+    """``TrainingSampler``'s stream, started at global sample ``start``; yields int keys.
+
+    Built on Detectron2's public ``TrainingSampler`` (no private fields): its iterator yields this
+    rank's share of the global stream, positions ``rank, rank + world, ...``; the key of the
+    ``i``-th item is ``(rank + i * world) * size + index``. ``start`` must be a multiple of the
+    world size (it is ``start_iter * SOLVER.IMS_PER_BATCH``, and the batch is split evenly).
+    """
 
     def __init__(self, size: int, shuffle: bool = True, seed: int = None, start: int = 0):
-        super().__init__(size, shuffle=shuffle, seed=seed)
         if start < 0:
             raise ValueError(f"start must be >= 0; got {start}")
+        self._rank, self._world = comm.get_rank(), comm.get_world_size()
+        if start % self._world:
+            raise ValueError(
+                f"start must be a multiple of the world size {self._world} (start_iter * "
+                f"SOLVER.IMS_PER_BATCH, with the batch split evenly over workers); got {start}"
+            )
+        self.seed = int(comm.shared_random_seed() if seed is None else seed)
+        self._sampler = TrainingSampler(size, shuffle=shuffle, seed=self.seed)
+        self._size = int(size)
         self._start = int(start)
 
-    @property
-    def seed(self) -> int:
-        return self._seed
-
     def __iter__(self):
-        stream = enumerate(self._infinite_indices())  # (global position, dataset index)
-        for pos, idx in itertools.islice(stream, self._start + self._rank, None, self._world_size):
-            yield pos * self._size + idx
+        skip = self._start // self._world  # this rank's items before global position `start`
+        for i, idx in enumerate(itertools.islice(iter(self._sampler), skip, None), start=skip):
+            yield (self._rank + i * self._world) * self._size + idx
 
 
 class PositionKeyedDataset(Dataset):

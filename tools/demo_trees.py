@@ -1,4 +1,8 @@
-"""The built-in demo dataset: NEON tree crowns from the ``deepforest==2.1.0`` wheel, as COCO tiles.
+"""Making the demo dataset: NEON tree crowns from the ``deepforest==2.1.0`` wheel, as COCO tiles.
+
+Used by ``tools/prepare_demo_data.py``; not part of the ``aadet`` package (``import aadet``
+downloads and writes nothing). Split names, dataset names, paths and the class come from
+:mod:`aadet.data.trees`, which the registration (:func:`aadet.data.register_trees`) reads too.
 
 Source. The ``deepforest`` wheel on the package index ships hand-labelled RGB aerial images of tree
 crowns (National Ecological Observatory Network, public domain) as PNG + Pascal-VOC XML in
@@ -8,7 +12,7 @@ straight from the zip archive. Box coordinates are taken as written, as continuo
 coordinates (DeepForest reads them the same way; in these files ``1 <= xmin`` and
 ``xmax <= width``).
 
-Split, by source image (no tile of a val image is in train)::
+Split, by source image (no tile of a val image is in train; :data:`SOURCES`)::
 
     source image                              size (WxH)   boxes  split
     2019_YELL_2_528000_4978000_image_crop2    2299x2472    574    train
@@ -36,7 +40,7 @@ A box whole in the tile is kept unchanged. Tiles are named ``<source>_x<x0>_y<y0
 tile's top-left corner in the source image, zero-padded to 4 digits (:func:`tile_file_name`).
 
 Layout under the data root (``--root``; default ``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``,
-else ``./datasets``)::
+else ``./datasets``; the dataset paths are :func:`aadet.data.trees.dataset_paths`)::
 
     <root>/.cache/deepforest-2.1.0-py3-none-any.whl   downloaded wheel (kept for reruns)
     <root>/trees/annotations/trees_train.json         COCO detection json
@@ -70,11 +74,21 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
+from aadet.data.trees import (
+    CATEGORIES,
+    DATASET_DIR,
+    SPLITS,
+    dataset_name,
+    dataset_paths,
+    default_root,
+    json_relpath,
+)
+
 __all__ = [
     "WHEEL_REQUIREMENT",
     "WHEEL_NAME",
     "WHEEL_SHA256",
-    "SPLITS",
+    "SOURCES",
     "TILE_SIZE",
     "TRAIN_STRIDE",
     "VAL_STRIDE",
@@ -82,8 +96,6 @@ __all__ = [
     "VocAnnotation",
     "Tile",
     "PreparedTrees",
-    "default_root",
-    "dataset_paths",
     "parse_voc_xml",
     "tile_offsets",
     "clip_boxes_to_window",
@@ -102,14 +114,12 @@ WHEEL_NAME = "deepforest-2.1.0-py3-none-any.whl"
 WHEEL_SHA256 = "8c2798d8e9be7f0004b194fe207b76c1d9fff6e711b3db67b9508dcd5d00ae54"
 WHEEL_DATA_DIR = "deepforest/data/"
 
-# split -> source images (stems of <stem>.png + <stem>.xml in WHEEL_DATA_DIR). See module docstring.
-SPLITS: Dict[str, Tuple[str, ...]] = {
+# split (aadet.data.trees.SPLITS) -> source images (stems of <stem>.png + <stem>.xml in
+# WHEEL_DATA_DIR). See module docstring.
+SOURCES: Dict[str, Tuple[str, ...]] = {
     "train": ("2019_YELL_2_528000_4978000_image_crop2", "OSBS_029"),
     "val": ("2019_YELL_2_541000_4977000_image_crop",),
 }
-CATEGORIES = ({"id": 1, "name": "Tree"},)
-DATASET_DIR = "trees"  # <root>/trees
-DATASET_PREFIX = "trees"  # dataset names trees_train, trees_val
 MANIFEST = "MANIFEST.json"
 FORMAT_VERSION = 1  # bump when the output format changes: forces a rebuild
 
@@ -119,6 +129,11 @@ TRAIN_STRIDE = 300  # largest spacing of train tiles (overlap >= TILE_SIZE - TRA
 VAL_STRIDE = 400  # = TILE_SIZE: fewest tiles that cover each val image
 MIN_VISIBLE = 0.5  # keep a cut box when >= this fraction of its area is inside the tile
 DROP_EMPTY = {"train": True, "val": False}  # drop tiles without boxes (train only)
+
+for _table in (SOURCES, DROP_EMPTY):  # keyed by the library's split names, all of them
+    if tuple(_table) != SPLITS:
+        raise ImportError(f"tools/demo_trees.py: {tuple(_table)} are not the splits {SPLITS}")
+del _table
 
 
 class VocAnnotation(NamedTuple):
@@ -158,31 +173,6 @@ class PreparedTrees:
     dataset_dir: str
     splits: Dict[str, Tuple[str, str]]
     built: bool
-
-
-# ---------------------------------------------------------------- paths
-def default_root() -> str:
-    """The data root: ``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else ``./datasets``."""
-    root = os.environ.get("AADET_DATASETS") or os.environ.get("DETECTRON2_DATASETS") or "datasets"
-    return os.path.expanduser(root)
-
-
-def dataset_paths(root: Optional[str] = None) -> Dict[str, Tuple[str, str]]:
-    """``{"trees_train": (json_file, image_root), "trees_val": ...}`` under ``root`` (absolute).
-
-    Only computes paths; does not touch the disk.
-    """
-    root = os.path.abspath(
-        os.path.expanduser(os.fspath(root if root is not None else default_root()))
-    )
-    base = os.path.join(root, DATASET_DIR)
-    return {
-        f"{DATASET_PREFIX}_{split}": (
-            os.path.join(base, "annotations", f"{DATASET_PREFIX}_{split}.json"),
-            os.path.join(base, split),
-        )
-        for split in SPLITS
-    }
 
 
 # ---------------------------------------------------------------- pure functions
@@ -488,7 +478,7 @@ def _params(tile_size: int, train_stride: int, val_stride: int, min_visible: flo
         "format_version": FORMAT_VERSION,
         "wheel": WHEEL_NAME,
         "wheel_sha256": WHEEL_SHA256,
-        "splits": {split: list(stems) for split, stems in SPLITS.items()},
+        "splits": {split: list(stems) for split, stems in SOURCES.items()},
         "tile_size": tile_size,
         "stride": {"train": train_stride, "val": val_stride},
         "min_visible": min_visible,
@@ -557,7 +547,7 @@ def _write_split(
     os.makedirs(os.path.join(out_dir, split))
     os.makedirs(os.path.join(out_dir, "annotations"), exist_ok=True)
     entries = []
-    for stem in SPLITS[split]:
+    for stem in SOURCES[split]:
         image, ann = images[stem]
         tiles = make_tiles(
             ann.width,
@@ -577,13 +567,13 @@ def _write_split(
             entries.append((name, t.width, t.height, t.boxes))
     info = {
         "description": f"NEON tree crowns ({split}), {params['tile_size']} px tiles of "
-        + ", ".join(SPLITS[split]),
+        + ", ".join(SOURCES[split]),
         "source": f"{WHEEL_REQUIREMENT} wheel (sha256 {WHEEL_SHA256}), {WHEEL_DATA_DIR}; "
         "public domain (NEON)",
         "version": str(FORMAT_VERSION),
     }
     coco = build_coco_dict(entries, info=info)
-    json_rel = os.path.join("annotations", f"{DATASET_PREFIX}_{split}.json")
+    json_rel = json_relpath(split)
     with open(os.path.join(out_dir, json_rel), "w") as f:
         json.dump(coco, f)
     return json_rel, {"images": len(coco["images"]), "boxes": len(coco["annotations"])}
@@ -672,13 +662,13 @@ def prepare(
             with archive:
                 sources = {
                     stem: _read_source(archive, wheel_path, stem)
-                    for stems in SPLITS.values()
+                    for stems in SOURCES.values()
                     for stem in stems
                 }
             counts = {}
             for split in SPLITS:
                 _, c = _write_split(tmp, split, sources, params)
-                counts[f"{DATASET_PREFIX}_{split}"] = c
+                counts[dataset_name(split)] = c
             files = {}
             for dirpath, _, names in os.walk(tmp):
                 for n in names:
