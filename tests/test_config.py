@@ -20,6 +20,13 @@ def test_epochs_to_iters_and_schedule():
     assert cfg2.SOLVER.MAX_ITER == 1234
 
 
+def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
+    cfg = get_aadet_cfg()  # the demo's 62 tiles / 16 for 1 epoch: MAX_ITER 4, steps 3 and 4
+    cfg.SOLVER.EPOCHS, cfg.SOLVER.STEPS_EPOCHS, cfg.SOLVER.IMS_PER_BATCH = 1, (0.75, 0.9), 16
+    with pytest.raises(ConfigValueError, match=r"SOLVER.STEPS_EPOCHS.*MAX_ITER=4.*\(0.9, 4\)"):
+        apply_epoch_schedule(cfg, num_images=62)
+
+
 @pytest.mark.parametrize(
     "key,value,needle",
     [

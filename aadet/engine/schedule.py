@@ -48,6 +48,14 @@ def apply_epoch_schedule(cfg, num_images: int = None):
     batch = s.IMS_PER_BATCH
     s.MAX_ITER = epochs_to_iters(s.EPOCHS, num_images, batch)
     s.STEPS = tuple(epochs_to_iters(e, num_images, batch) for e in s.STEPS_EPOCHS)
+    late = [(e, it) for e, it in zip(s.STEPS_EPOCHS, s.STEPS) if it >= s.MAX_ITER]
+    if late:  # Detectron2's LR scheduler refuses a step at or after the last iteration
+        raise config_error(
+            "SOLVER.STEPS_EPOCHS",
+            f"epochs whose iteration is below MAX_ITER={s.MAX_ITER} ({s.EPOCHS} epochs x "
+            f"{num_images} images / batch {batch}); these round to iterations {late}",
+            tuple(s.STEPS_EPOCHS),
+        )
     if s.WARMUP_EPOCHS > 0:
         s.WARMUP_ITERS = epochs_to_iters(s.WARMUP_EPOCHS, num_images, batch)
     logger.info(
