@@ -11,6 +11,7 @@ from PIL import Image
 
 import aadet  # noqa: F401
 from aadet.engine import AADetCheckpointer, CheckpointMismatchError, load_config
+from aadet.utils.visualizer import GAP, LEGEND_HEIGHT, TITLE_HEIGHT, enlarge_factor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -54,10 +55,13 @@ def test_detections_on_a_folder_including_odd_images(checkpoint, tmp_path):
         stem = os.path.splitext(os.path.basename(path))[0]
         (src,) = [f for f in os.listdir(folder) if os.path.splitext(f)[0] == stem]
         w, h = Image.open(folder / src).size
-        assert img.shape[:2] == (h, w)
+        f = enlarge_factor(h, w)  # small images are enlarged (nearest) for drawing
+        assert img.shape[:2] == (f * h + LEGEND_HEIGHT, f * w)
+        assert f == {"tiny": 16, "rgba": 6, "gray": 3, "rgb": 2, "large": 1}[stem]
     # boxes were drawn: the rgb render differs from its (converted) input
-    drawn = np.asarray(Image.open(out / "rgb.png").convert("RGB")).astype(int)
+    drawn = np.asarray(Image.open(out / "rgb.png").convert("RGB")).astype(int)[:600]
     orig = np.asarray(Image.open(folder / "rgb.png").convert("RGB")).astype(int)
+    orig = np.repeat(np.repeat(orig, 2, 0), 2, 1)
     assert np.abs(drawn - orig).sum() > 1000
 
 
@@ -71,7 +75,8 @@ def test_dataset_with_ground_truth_side_by_side(checkpoint, trees_root, tmp_path
     )
     (path,) = written
     img = np.asarray(Image.open(path))
-    assert img.shape[:2] == (400, 800)  # ground truth | detections
+    # ground truth | detections: two 400 px tiles enlarged 2x, legend strips, titles, gap
+    assert img.shape[:2] == (800 + LEGEND_HEIGHT + TITLE_HEIGHT, 2 * 800 + GAP)
     assert img.std() > 10
 
 
