@@ -119,6 +119,8 @@ def main(argv=None):
     predictor = Predictor(cfg, args.weights)
     name = args.dataset or (cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
     metadata = MetadataCatalog.get(name)
+    if not metadata.get("thing_classes") and name in DatasetCatalog.list():
+        DatasetCatalog.get(name)  # a COCO json sets thing_classes when loaded
     items = list_inputs(args)
     if args.max_images > 0:
         items = items[: args.max_images]
