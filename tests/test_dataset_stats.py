@@ -201,3 +201,57 @@ def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):
         check_dataset.main([str(tmp_path / "bad.json")])  # not a pair
     with pytest.raises(SystemExit):
         check_dataset.main([str(tmp_path / "bad.json"), str(tmp_path), "--write", str(out)])
+
+
+# ---------------------------------------------------------------- the suggestion must pay off
+# The demo recipe shortened: 8 epochs of 48 tiles, 4 per batch (96 iterations, 384 crops of
+# 256 px: a third of tests/test_training.py's conv run, well under 2 min per run on 2 idle cores).
+SHORT = ["SOLVER.IMS_PER_BATCH", "4", "SOLVER.BASE_LR", "0.02", "SOLVER.EPOCHS", "8",
+         "SOLVER.STEPS_EPOCHS", "(6, 7)", "SOLVER.WARMUP_ITERS", "20", "MODEL.DEVICE", "cpu"]
+
+
+MIN_SUGGESTED_AP50 = 40.0
+MIN_GAIN = 15.0
+
+
+def _train(config, out, opts, env):
+    import subprocess
+
+    cmd = [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--config-file", config,
+           "--num-gpus", "0", "OUTPUT_DIR", str(out), *SHORT, *opts]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-4000:]
+    with open(os.path.join(out, "metrics.json")) as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows if "bbox/AP50" in r][-1]["bbox/AP50"]
+
+
+@pytest.mark.slow
+def test_suggested_recipe_learns_better(tmp_path):
+    """Hold-out-like data (128 px tiles, 3-38 px cells and rods, :mod:`aadet.data.synthetic`):
+    the demo conv config with its guessed anchors (16-101 px, square, test side 400) against the
+    config ``check_dataset.py --write`` suggests (13-81 px, h/w 0.53/1/1.83, test side 512), same
+    short schedule, same crop size.
+
+    Measured on this exact run (data seed 0, SEED 42): AP50 21.6 with the demo's anchors, 60.0
+    with the suggested config (AP 4.8 vs 15.6); each run took 21 min on 2 cores shared with about
+    12 other processes (a few percent of the CPU each). Thresholds are about 2/3 of that: the
+    suggestion reaches AP50 40 and beats the guess by 15 points."""
+    import check_dataset
+
+    data = tmp_path / "cells"
+    # (its own names: the other tests of this module registered cells_* in this process)
+    paths = make_coco_tiles(str(data), prefix="holdout", num_train=48, num_val=16, seed=0)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    (jt, it), (jv, iv) = paths["holdout_train"], paths["holdout_val"]
+    # what a user writes without the statistics: the demo config, their data and class count
+    guessed = _train(DEMO, tmp_path / "demo", [
+        "DATASETS.REGISTER_COCO", f"[['holdout_train', '{jt}', '{it}'], ['holdout_val', '{jv}', '{iv}']]",
+        "DATASETS.TRAIN", "('holdout_train',)", "DATASETS.TEST", "('holdout_val',)",
+        "MODEL.RETINANET.NUM_CLASSES", "1"], env)
+    config = str(tmp_path / "cells.yaml")
+    assert check_dataset.main([jt, it, jv, iv, "--base", DEMO, "--write", config]) == 0
+    suggested = _train(config, tmp_path / "suggested", [], env)
+    print(f"AP50 demo anchors {guessed:.2f}, suggested {suggested:.2f}")
+    assert suggested >= MIN_SUGGESTED_AP50, (guessed, suggested)
+    assert suggested >= guessed + MIN_GAIN, (guessed, suggested)

@@ -24,8 +24,10 @@ odd boxes do not set the recipe):
    the lower, middle and upper thirds of log(h / w), so that each third has an anchor shape.
 4. ``TEST.DETECTIONS_PER_IMAGE``: at least 100, at least twice the most boxes in one image.
 
-Measured on the synthetic tiles of :mod:`aadet.data.synthetic` (128 px, boxes 3-38 px, aspect
-1:3-3:1), see ``tests/test_dataset_stats.py::test_suggested_recipe_learns_better``.
+On the demo's tree crowns the rule gives back the hand-tuned demo anchors (16-102 px, square). On
+the synthetic tiles of :mod:`aadet.data.synthetic` (128 px, boxes 3-38 px, h/w 1:3-3:1) the demo
+conv config reaches AP50 21.6 with its own anchors and 60.0 with the suggested recipe, same short
+schedule (``tests/test_dataset_stats.py::test_suggested_recipe_learns_better``).
 """
 
 import json
