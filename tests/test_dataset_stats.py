@@ -238,7 +238,10 @@ def test_suggested_recipe_learns_better(tmp_path):
     Measured with this schedule (SEED 42), AP50 demo anchors -> suggested: data seed 0 (this
     test) 40.9 -> 59.3 (AP 10.0 -> 15.2); data seed 1 40.7 -> 59.7 (AP 10.4 -> 12.4). The four
     runs took 9.5 min each, run four at a time on 2 cores (so about 2.5 min each alone).
-    Thresholds: the suggestion reaches AP50 50 and beats the guess by 10 points (measured +18)."""
+    Thresholds: the suggestion reaches AP50 50 and beats the guess by 10 points (measured +18).
+    KNOWN FAILING: those runs used OMP_NUM_THREADS=1; this test as run by pytest (default threads)
+    measured demo 56.2 -> suggested 45.0 on seed 0, so 96 iterations are too few to rank recipes
+    reliably. Open: a longer schedule and several seeds (see the h-owndata report)."""
     import check_dataset
 
     data = tmp_path / "cells"
