@@ -164,6 +164,18 @@ def add_aadet_config(cfg):
     _C.MODEL.SASA.IMPL = "auto"
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     _C.MODEL.SASA.BLOCK_SIZE = 8
+
+    # ---------------------------------------------------------------- your own data
+    # COCO-format detection datasets to register by name before DATASETS.TRAIN / DATASETS.TEST are
+    # read, so a config alone trains on your data: a list of [name, json_file, image_root]
+    # triples (paths absolute or relative to the working directory), e.g.
+    #   REGISTER_COCO: [["cells_train", "cells/train.json", "cells/images"],
+    #                   ["cells_val", "cells/val.json", "cells/images"]]
+    # or on the command line: DATASETS.REGISTER_COCO "[['cells_train', 'a.json', 'img']]".
+    # Checked and registered by aadet.data.datasets.register_coco_from_config (called by
+    # aadet.engine.load_config): a missing file, a name registered with other paths or an entry
+    # that is not a triple of strings stops with an error naming the entry. () = none.
+    _C.DATASETS.REGISTER_COCO = ()
     return cfg
 
 

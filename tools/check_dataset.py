@@ -1,37 +1,158 @@
 #!/usr/bin/env python
-"""Check a COCO-format detection dataset: every problem, one per line; exit status 1 on errors.
+"""Check COCO-format detection datasets, print their box statistics and the recipe they suggest.
 
     python tools/check_dataset.py datasets/trees/annotations/trees_val.json datasets/trees/val
+    python tools/check_dataset.py cells/train.json cells/images cells/val.json cells/images \\
+        --base configs/Demo/trees_R_50_slim_FPN.yaml --write configs/cells.yaml
 
-Errors: missing/corrupt images, sizes that differ from the json, degenerate or out-of-image boxes,
-unknown image/category ids, duplicate ids, missing keys. Info: images without boxes, grayscale or
-RGBA images. See ``aadet/data/checks.py``.
+Arguments are JSON IMAGE_ROOT pairs, one per split; the FIRST is the training split, whose boxes
+set the suggested anchors, aspect ratios and sizes (``aadet/data/statistics.py`` has the rule).
+
+Checks (``aadet/data/checks.py``), one problem per line; exit status 1 on errors. Errors:
+missing/corrupt images, sizes that differ from the json, degenerate or out-of-image boxes, unknown
+image/category ids, duplicate ids, missing keys. Info: images without boxes, grayscale or RGBA.
+
+``--write CONFIG`` writes a config that ``_BASE_``s ``--base`` and adds the suggestion,
+``DATASETS.REGISTER_COCO`` for every pair (named after the json files; paths as given here, so
+train from this working directory or give absolute paths), ``DATASETS.TRAIN`` (first pair),
+``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``.
 """
 
 import argparse
+import os
 import sys
 
 from aadet.data.checks import check_coco_json
+from aadet.data.statistics import (
+    format_statistics,
+    load_coco_boxes,
+    strides_of,
+    suggest_recipe,
+    to_yaml_lines,
+)
+
+
+def _pairs(values, parser):
+    if len(values) % 2:
+        parser.error(f"expected JSON IMAGE_ROOT pairs; got {len(values)} paths: {values}")
+    return [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+
+
+def _base_settings(base):
+    """``(strides, octaves, crop_size)`` the suggestion must fit, from the base config."""
+    from aadet.engine import get_aadet_cfg
+
+    cfg = get_aadet_cfg()
+    cfg.merge_from_file(base)
+    return (
+        strides_of(cfg.MODEL.RETINANET.IN_FEATURES),
+        len(cfg.MODEL.ANCHOR_GENERATOR.SIZES[0]),
+        int(cfg.INPUT.SCALE_JITTER.CROP_SIZE),
+    )
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def write_config(path, base, pairs, names, stats, recipe):
+    """Write the config of the module docstring to ``path``; returns its text."""
+    train = stats[0]
+    rel_base = os.path.relpath(os.path.abspath(base), os.path.dirname(os.path.abspath(path)))
+    keys = _merge(
+        {
+            "OUTPUT_DIR": f"output/{os.path.splitext(os.path.basename(path))[0]}",
+            "DATASETS": {
+                "REGISTER_COCO": [[n, j, r] for n, (j, r) in zip(names, pairs)],
+                "TRAIN": [names[0]],
+                "TEST": [names[1] if len(names) > 1 else names[0]],
+            },
+            "MODEL": {"RETINANET": {"NUM_CLASSES": train.num_classes}},
+        },
+        recipe.config_dict(),
+    )
+    header = [
+        f"# Written by tools/check_dataset.py for {pairs[0][0]}: {len(train.image_wh)} images, "
+        f"{len(train.wh)} boxes, sizes sqrt(w*h) {train.sizes.min():.1f}-{train.sizes.max():.1f} px.",
+        f"# Test scale {recipe.scale:.2f}x; anchors, aspect ratios (h/w) and sizes from the box "
+        "statistics (aadet/data/statistics.py).",
+        *(f"# NOTE: {n}" for n in recipe.notes),
+        f'_BASE_: "{rel_base}"',
+    ]
+    text = "\n".join(header + to_yaml_lines(keys)) + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return text
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("json_file", help="COCO detection json")
-    parser.add_argument("image_root", help="folder that the images' file_name are relative to")
+    parser.add_argument("paths", nargs="+", metavar="JSON IMAGE_ROOT",
+                        help="COCO detection json and the folder its file_name are relative to; "
+                        "one pair per split, the training split first")
     parser.add_argument("--errors-only", action="store_true", help="do not print info lines")
+    parser.add_argument("--no-stats", action="store_true", help="only check, no statistics")
+    parser.add_argument("--base", default=None,
+                        help="config the suggestion must fit (its FPN levels, anchors per level, "
+                        "crop size), e.g. configs/Demo/trees_R_50_slim_FPN.yaml")
+    parser.add_argument("--write", default=None, metavar="CONFIG",
+                        help="write a config that _BASE_s --base with the suggestion and datasets")
     args = parser.parse_args(argv)
-    problems = check_coco_json(args.json_file, args.image_root)
-    errors = [p for p in problems if p.level == "error"]
-    for p in problems:
-        if p.level == "error" or not args.errors_only:
-            print(p)
-    print(
-        f"{args.json_file}: {len(errors)} error(s), {len(problems) - len(errors)} info",
-        file=sys.stderr,
-    )
-    return 1 if errors else 0
+    pairs = _pairs(args.paths, parser)
+    if args.write and not args.base:
+        parser.error("--write needs --base (the config to build on)")
+    if args.base and not os.path.isfile(args.base):
+        parser.error(f"--base: config file not found: {args.base}")
+
+    n_errors = 0
+    for json_file, image_root in pairs:
+        problems = check_coco_json(json_file, image_root)
+        errors = [p for p in problems if p.level == "error"]
+        n_errors += len(errors)
+        for p in problems:
+            if p.level == "error" or not args.errors_only:
+                print(p)
+        print(f"{json_file}: {len(errors)} error(s), {len(problems) - len(errors)} info",
+              file=sys.stderr)
+    if n_errors or args.no_stats:
+        if n_errors and args.write:
+            print(f"not writing {args.write}: fix the errors first", file=sys.stderr)
+        return 1 if n_errors else 0
+
+    names = [os.path.splitext(os.path.basename(j))[0] for j, _ in pairs]
+    if len(set(names)) != len(names):
+        parser.error(f"the json files must have different names (they name the datasets): {names}")
+    stats = [load_coco_boxes(j, n) for (j, _), n in zip(pairs, names)]
+    print("\n# Box statistics (pixels, as stored; sqrt(w*h) is the object size)")
+    for s in stats:
+        print("\n".join(format_statistics(s)))
+    strides, octaves, crop = (8, 16, 32), 3, 640
+    if args.base:
+        strides, octaves, crop = _base_settings(args.base)
+    try:
+        recipe = suggest_recipe(stats[0], strides=strides, octaves=octaves, max_crop_size=crop)
+    except ValueError as e:
+        print(f"no suggestion: {e}", file=sys.stderr)
+        return 1
+    print(f"\n# Suggested for {names[0]} (FPN strides {list(strides)}, test scale "
+          f"{recipe.scale:.2f}x); paste into your config:")
+    print("\n".join(recipe.yaml_lines()))
+    for note in recipe.notes:
+        print(f"# NOTE: {note}")
+    if args.write:
+        write_config(args.write, args.base, pairs, names, stats, recipe)
+        from aadet.engine import load_config
+
+        load_config(args.write)  # the written config must load (and register its datasets)
+        print(f"\nwrote {args.write}; train with\n  python tools/train_net.py --config-file "
+              f"{args.write} --num-gpus 0")
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ the metadata ``json_file``, ``image_root``, ``evaluator_type="coco"``), and add 
 json, image folder or image file stops with a FileNotFoundError that names it and says how to make
 it. ``python tools/check_dataset.py JSON IMAGE_ROOT`` checks a dataset thoroughly
 (:func:`aadet.data.checks.check_coco_json`).
+
+Without Python: the config key ``DATASETS.REGISTER_COCO`` lists ``[name, json_file, image_root]``
+triples, which :func:`register_coco_from_config` registers (``aadet.engine.load_config``, used by
+every tool, calls it before anything reads ``DATASETS.TRAIN`` / ``DATASETS.TEST``).
 """
 
 import functools
@@ -27,7 +31,7 @@ from detectron2.data.datasets import load_coco_json
 
 from . import trees
 
-__all__ = ["register_coco_detection", "register_trees"]
+__all__ = ["register_coco_detection", "register_coco_from_config", "register_trees"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +143,52 @@ def register_trees(root=None) -> Dict[str, tuple]:
             MetadataCatalog.remove(name)
         _register(name, json_file, image_root, {"thing_classes": list(trees.THING_CLASSES)}, hint)
     return paths
+
+
+_REGISTER_KEY = "DATASETS.REGISTER_COCO"
+
+
+def register_coco_from_config(cfg) -> Dict[str, tuple]:
+    """Register every ``[name, json_file, image_root]`` triple of ``cfg.DATASETS.REGISTER_COCO``.
+
+    The one place where the key is checked. Relative paths are taken from the working directory.
+    Registering the identical triple again does nothing (tools build their config more than once).
+
+    Returns:
+        ``{name: (json_file, image_root)}`` with absolute paths, in the key's order.
+
+    Raises:
+        aadet.config.ConfigValueError: an entry that is not a triple of non-empty strings, or a
+            name listed twice; the message names the entry.
+        FileNotFoundError: an entry's json file or image folder does not exist (names the entry).
+        ValueError: an entry's name is already registered with other paths (names the entry).
+    """
+    from ..config import ConfigValueError
+
+    entries = cfg.DATASETS.get("REGISTER_COCO", ())
+    if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
+        raise ConfigValueError(
+            f"Config key {_REGISTER_KEY} must be a list of [name, json_file, image_root] "
+            f"triples; got {entries!r}."
+        )
+    out: Dict[str, tuple] = {}
+    for i, entry in enumerate(entries):
+        where = f"{_REGISTER_KEY}[{i}] = {list(entry) if isinstance(entry, (list, tuple)) else entry!r}"
+        if (
+            not isinstance(entry, (list, tuple))
+            or len(entry) != 3
+            or not all(isinstance(v, str) and v for v in entry)
+        ):
+            raise ConfigValueError(
+                f"{where}: each entry must be [name, json_file, image_root], three non-empty "
+                f"strings; got {entry!r}."
+            )
+        name, json_file, image_root = entry
+        if name in out:
+            raise ConfigValueError(f"{where}: dataset name {name!r} is listed twice in {_REGISTER_KEY}.")
+        try:
+            register_coco_detection(name, json_file, image_root)
+        except (FileNotFoundError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from e
+        out[name] = (_abspath(json_file), _abspath(image_root))
+    return out

@@ -5,6 +5,7 @@ import torch
 from detectron2.config import get_cfg
 
 from ..config import add_aadet_config, validate_aadet_config
+from ..data.datasets import register_coco_from_config
 
 __all__ = ["get_aadet_cfg", "load_config"]
 
@@ -22,7 +23,8 @@ def load_config(config_file: str = "", opts=(), *, freeze: bool = True):
     """``get_aadet_cfg()`` + a YAML file + ``KEY VALUE`` overrides, validated.
 
     ``MODEL.DEVICE`` "cuda" on a machine without CUDA falls back to "cpu" with a warning, so the
-    same YAML serves GPU clusters and a laptop.
+    same YAML serves GPU clusters and a laptop. The datasets of ``DATASETS.REGISTER_COCO`` are
+    registered here, so every tool can use a dataset named only in the config.
     """
     import os
 
@@ -36,6 +38,7 @@ def load_config(config_file: str = "", opts=(), *, freeze: bool = True):
         logger.warning("MODEL.DEVICE=%s but CUDA is not available: using cpu", cfg.MODEL.DEVICE)
         cfg.MODEL.DEVICE = "cpu"
     validate_aadet_config(cfg)
+    register_coco_from_config(cfg)  # DATASETS.REGISTER_COCO, before anything reads DATASETS.*
     if freeze:
         cfg.freeze()
     return cfg
