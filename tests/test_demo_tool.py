@@ -5,7 +5,6 @@ checkpoint: the tool's detections are compared with the Predictor's on the same 
 """
 import json
 import os
-import sys
 
 import cv2
 import numpy as np
@@ -14,12 +13,12 @@ import torch
 from detectron2.data import detection_utils as utils
 
 from aadet.engine import Predictor, load_config
+from aadet.utils.visualizer import LEGEND_HEIGHT, enlarge_factor
 from test_export import random_detector
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import demo  # noqa: E402
+import demo  # tools/ is on the test path (pytest.ini)
 
 THRESH = 0.5
 OPTS = ["MODEL.DEVICE", "cpu", "INPUT.MIN_SIZE_TEST", "128", "INPUT.MAX_SIZE_TEST", "128"]
@@ -83,10 +82,12 @@ def test_images_folders_globs_json_and_pictures(tmp_path, checkpoint):
         check_results(mine, inst, image_id=i, category_id=1)  # "Tree" is category 1 in the json
         total += len(inst)
         src, drawn = cv2.imread(str(f)), cv2.imread(ret["written"][i])
-        assert drawn.shape == src.shape
+        fac = enlarge_factor(*src.shape[:2])  # small inputs are drawn enlarged, legend below
+        assert drawn.shape == (fac * src.shape[0] + LEGEND_HEIGHT, fac * src.shape[1], 3)
         if f.suffix == ".jpg":  # re-encoded: lossy, no pixel comparison
             continue
-        changed = (np.abs(drawn.astype(int) - src.astype(int)).max(axis=2) > 40).mean()
+        src = np.repeat(np.repeat(src, fac, 0), fac, 1)
+        changed = (np.abs(drawn[: src.shape[0]].astype(int) - src.astype(int)).max(axis=2) > 40).mean()
         assert (changed > 0.005) == (len(inst) > 0), (f, len(inst), changed)  # boxes drawn
     assert len(results) == total >= 3, "too few detections to test anything"
 
@@ -129,14 +130,15 @@ def test_video_in_video_out(tmp_path, checkpoint, ext, codec):
 
     cap_in, cap_out = cv2.VideoCapture(src), cv2.VideoCapture(ret["written"][0])
     assert cap_out.get(cv2.CAP_PROP_FRAME_COUNT) == 4
-    assert (cap_out.get(cv2.CAP_PROP_FRAME_WIDTH), cap_out.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (128, 96)
+    # same scale as the input, the legend strip below
+    assert (cap_out.get(cv2.CAP_PROP_FRAME_WIDTH), cap_out.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (128, 96 + LEGEND_HEIGHT)
     cfg, predictor = predictor_for(checkpoint)
     results = json.load(open(js))
     total = 0
     for i in range(4):
         ok, frame = cap_in.read()
         ok_out, frame_out = cap_out.read()
-        assert ok and ok_out and frame_out.shape == (96, 128, 3)
+        assert ok and ok_out and frame_out.shape == (96 + LEGEND_HEIGHT, 128, 3)
         inst = predictor(frame)["instances"].to("cpu")
         inst = inst[inst.scores >= THRESH]
         check_results([r for r in results if r["frame"] == i], inst, image_id=i, category_id=1)

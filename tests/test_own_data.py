@@ -3,7 +3,6 @@
 errors that name the entry."""
 import json
 import os
-import sys
 import uuid
 
 import pytest
@@ -16,7 +15,6 @@ from aadet.engine import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
-sys.path.insert(0, os.path.join(REPO, "tools"))
 
 
 @pytest.fixture(scope="module")

@@ -20,23 +20,19 @@ import glob
 import json
 import logging
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cv2
+import numpy as np
+from detectron2.data import MetadataCatalog
+from detectron2.data.datasets import load_coco_json
+from detectron2.structures import BoxMode
+from PIL import Image
+from tqdm import tqdm
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-from detectron2.data import MetadataCatalog  # noqa: E402
-from detectron2.data.datasets import load_coco_json  # noqa: E402
-from detectron2.structures import BoxMode  # noqa: E402
-from detectron2.utils.visualizer import Visualizer  # noqa: E402
-from PIL import Image  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import aadet  # noqa: E402,F401
-from aadet.engine import Predictor, load_config  # noqa: E402
-from visualize_detections import IMAGE_EXTS, read_image  # noqa: E402
+import aadet  # noqa: F401
+from aadet.engine import Predictor, load_config
+from aadet.utils.visualizer import draw_instances
+from visualize_detections import IMAGE_EXTS, read_image
 
 logger = logging.getLogger("aadet.demo")
 
@@ -45,9 +41,14 @@ VIDEO_CODECS = {".mp4": "mp4v", ".avi": "MJPG"}
 DEFAULT_VIDEO_FPS = 30.0  # when the input video does not report its frame rate
 
 
-def draw(rgb: np.ndarray, instances, metadata) -> np.ndarray:
-    """The annotated picture, ``[H, W, 3]`` uint8 RGB (the one place this tool draws)."""
-    return Visualizer(rgb, metadata).draw_instance_predictions(instances).get_image()
+def draw(rgb: np.ndarray, instances, metadata, threshold: float, factor=None) -> np.ndarray:
+    """The annotated picture (the one place this tool draws): ``aadet.utils.visualizer``'s readable
+    drawing (small images enlarged, score colours and a legend strip, no per-box text in crowded
+    scenes). ``[f*H + LEGEND_HEIGHT, f*W, 3]`` uint8 RGB; ``factor=1`` keeps the input's scale."""
+    return draw_instances(
+        rgb, instances.pred_boxes, instances.scores, instances.pred_classes,
+        metadata.get("thing_classes", None), threshold=threshold, factor=factor,
+    )
 
 
 def parse_args(argv=None):
@@ -192,7 +193,9 @@ def run_images(args, cfg, predictor, ids):
         image_id = ids.image_ids[absfiles[i]] if in_dataset else i
         results += coco_results(instances, image_id, f, ids)
         if out is not None:
-            Image.fromarray(draw(to_rgb(image, cfg.INPUT.FORMAT), instances, ids.metadata)).save(out)
+            Image.fromarray(
+                draw(to_rgb(image, cfg.INPUT.FORMAT), instances, ids.metadata, args.confidence_threshold)
+            ).save(out)
             written.append(out)
         logger.info("%s: %d detections", f, len(instances))
     return results, written
@@ -221,9 +224,11 @@ def run_video(args, cfg, predictor, ids):
             instances = detect(predictor, image, args.confidence_threshold)
             results += coco_results(instances, frame_index, path, ids, frame=frame_index)
             if out_path is not None:
-                vis = draw(frame[:, :, ::-1], instances, ids.metadata)[:, :, ::-1]  # RGB -> BGR
+                # video keeps its scale (factor 1); the legend strip is added below each frame
+                vis = draw(frame[:, :, ::-1], instances, ids.metadata, args.confidence_threshold,
+                           factor=1)[:, :, ::-1]  # RGB -> BGR
                 if writer is None:
-                    h, w = frame.shape[:2]
+                    h, w = vis.shape[:2]
                     writer = cv2.VideoWriter(out_path, cv2.VideoWriter_fourcc(*codec), fps, (w, h))
                     if not writer.isOpened():
                         raise RuntimeError(f"--output {out_path}: OpenCV cannot write {codec} video")

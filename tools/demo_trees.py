@@ -69,11 +69,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 import zipfile
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 from PIL import Image
 
+from aadet.data.coco_json import build_coco_dict
 from aadet.data.trees import (
     CATEGORIES,
     DATASET_DIR,
@@ -102,7 +103,6 @@ __all__ = [
     "make_tiles",
     "tile_file_name",
     "parse_tile_file_name",
-    "build_coco_dict",
     "fetch_wheel",
     "prepare",
 ]
@@ -354,45 +354,6 @@ def parse_tile_file_name(file_name: str) -> Tuple[str, int, int]:
     return m["source"], int(m["x0"]), int(m["y0"])
 
 
-def build_coco_dict(
-    images: Sequence[Tuple[str, int, int, np.ndarray]],
-    categories: Sequence[dict] = CATEGORIES,
-    category_id: int = 1,
-    info: Optional[dict] = None,
-) -> dict:
-    """A COCO detection dict from ``(file_name, width, height, boxes)`` per image.
-
-    ``boxes`` is ``[K, 4]`` XYXY pixels; every box gets ``category_id``. Image and annotation ids
-    start at 1 in the given order; ``bbox`` is ``[x, y, w, h]`` floats, ``area = w * h``,
-    ``iscrowd = 0``.
-    """
-    coco_images, annotations = [], []
-    for image_id, (file_name, width, height, boxes) in enumerate(images, start=1):
-        coco_images.append(
-            {"id": image_id, "file_name": file_name, "height": int(height), "width": int(width)}
-        )
-        for x0, y0, x1, y1 in np.asarray(boxes, dtype=np.float64).reshape(-1, 4).tolist():
-            w, h = x1 - x0, y1 - y0
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": image_id,
-                    "category_id": category_id,
-                    "bbox": [x0, y0, w, h],
-                    "area": w * h,
-                    "iscrowd": 0,
-                }
-            )
-    out = {
-        "images": coco_images,
-        "annotations": annotations,
-        "categories": [dict(c) for c in categories],
-    }
-    if info is not None:
-        out = {"info": dict(info), **out}
-    return out
-
-
 # ---------------------------------------------------------------- wheel
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
@@ -572,7 +533,7 @@ def _write_split(
         "public domain (NEON)",
         "version": str(FORMAT_VERSION),
     }
-    coco = build_coco_dict(entries, info=info)
+    coco = build_coco_dict(entries, categories=CATEGORIES, info=info)
     json_rel = json_relpath(split)
     with open(os.path.join(out_dir, json_rel), "w") as f:
         json.dump(coco, f)

@@ -13,18 +13,15 @@ detections with the PyTorch model's. See aadet/export/tracing.py for the details
 """
 import argparse
 import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
+from detectron2.data import detection_utils as utils
+from detectron2.utils.logger import setup_logger
 
-import torch  # noqa: E402
-from detectron2.data import detection_utils as utils  # noqa: E402
-from detectron2.utils.logger import setup_logger  # noqa: E402
-
-import aadet  # noqa: E402,F401
-from aadet.engine import Predictor, load_config  # noqa: E402
-from aadet.export import (  # noqa: E402
+import aadet  # noqa: F401  (registers models)
+from aadet.engine import Predictor, load_config
+from aadet.export import (
     DEFAULT_ONNX_OPSET,
     EXPORT_FORMATS,
     ExportedDetector,

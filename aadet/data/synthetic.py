@@ -31,7 +31,7 @@ from typing import Dict, Tuple
 import numpy as np
 from PIL import Image, ImageFilter
 
-from .demo_trees import build_coco_dict
+from .coco_json import build_coco_dict
 
 __all__ = ["render_tile", "make_coco_tiles", "CATEGORIES"]
 
