@@ -310,6 +310,10 @@ def test_layer_benchmark_case_runs(impl):
     tool = _load_tool("benchmark_layers")
     assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0)} == {
         "neighborhood", "fused", "unfold", "conv3x3"}
+    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0, cuda=True)} == {
+        "neighborhood", "fused", "triton", "unfold", "conv3x3"}
+    aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
+    assert {"triton", "flex"} <= aa_core
     case = dict(suite="sasa", kind="layer", impl=impl, side=20, channels=256)
     spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
     r = tool.run_case(spec)

@@ -130,7 +130,9 @@ def naive_aa_bytes(batch: int, side: int) -> int:
     return 4 * batch * NUM_HEADS * (side * side) ** 2 * 4
 
 
-def plan_cases(suites, sizes, batch, max_naive_bytes):
+def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
+    """The cases to measure; on CUDA also the Triton (and AA flex_attention) routes."""
+    kernels = ("triton",) if cuda else ()
     cases = []
     for s in sizes:
         if "aa" in suites:
@@ -139,7 +141,10 @@ def plan_cases(suites, sizes, batch, max_naive_bytes):
                     f"--sizes for the AA suite must be among {sorted(AA_SIZES)}; got {s}"
                 )
             for kind in ("core", "layer"):
-                impls = ("auto", "materialized", "naive") if kind == "core" else ("auto", "naive")
+                impls = (
+                    ("auto", "materialized", "naive") + kernels + (("flex",) if cuda else ())
+                    if kind == "core" else ("auto", "naive")
+                )
                 for impl in impls:
                     c = dict(suite="aa", kind=kind, impl=impl, side=s, channels=AA_SIZES[s])
                     need = naive_aa_bytes(batch, s)
@@ -147,7 +152,7 @@ def plan_cases(suites, sizes, batch, max_naive_bytes):
                         c["skipped"] = f"needs ~{need / 2 ** 30:.1f} GiB > --max-naive-gib"
                     cases.append(c)
         if "sasa" in suites:
-            for impl in ("neighborhood", "fused", "unfold", "conv3x3"):
+            for impl in ("neighborhood", "fused") + kernels + ("unfold", "conv3x3"):
                 cases.append(
                     dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
                 )
@@ -188,7 +193,7 @@ def _make_work(case, batch, device, dtype):
         elif case["impl"] == "conv3x3":
             mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
         else:
-            impl = case["impl"] if case["impl"] in ("neighborhood", "fused") else "auto"
+            impl = case["impl"] if case["impl"] in ("neighborhood", "fused", "triton") else "auto"
             mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS, impl=impl)
         mod = mod.to(device=device, dtype=dtype)
         params = list(mod.parameters())
@@ -226,10 +231,13 @@ _LABELS = {
     ("aa", "core", "auto"): "core, ours (fused)",
     ("aa", "core", "materialized"): "core, ours (materialized, chunk 1024)",
     ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
+    ("aa", "core", "triton"): "core, ours (Triton, tables in-kernel)",
+    ("aa", "core", "flex"): "core, flex_attention (tables in score_mod)",
     ("aa", "layer", "auto"): "AugmentedConv2d, ours",
     ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
     ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
     ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
+    ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
     ("sasa", "layer", "unfold"): "naive unfold attention",
     ("sasa", "layer", "conv3x3"): "3x3 conv",
 }
@@ -364,7 +372,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"naive references disagree with aadet's implementations: {ref}")
     results = []
     with tempfile.TemporaryDirectory(prefix="aadet_layers_") as tmp:
-        for case in plan_cases(suites, args.sizes, args.batch, max_gib * 2**30):
+        for case in plan_cases(suites, args.sizes, args.batch, max_gib * 2**30, cuda=cuda):
             if "skipped" in case:
                 results.append(case)
                 continue
