@@ -179,8 +179,6 @@ def add_aadet_config(cfg):
     return cfg
 
 
-
-
 def config_error(key: str, allowed: str, given) -> ConfigValueError:
     """The one error of a bad config value: names ``key``, the allowed range and the value."""
     return ConfigValueError(f"Config key {key} must be {allowed}; got {given!r}.")
