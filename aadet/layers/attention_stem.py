@@ -31,6 +31,7 @@ from torch import nn
 from .functional.blocks import (
     add_block_relative_logits,
     block_attention,
+    block_attention_probs,
     block_padding_mask,
     block_softmax,
     blocks_to_map,
@@ -168,6 +169,12 @@ class SpatiallyAwareAttentionStem(nn.Module):
         v = torch.einsum("ncyaxb,aboc->noyaxb", xp, w_eff.to(x.dtype))  # [B, out, nby, a, nbx, b]
         return v.reshape(bsz, self.out_channels, hp, wp)[:, :, :h, :w]
 
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"SpatiallyAwareAttentionStem expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
+            )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``.
 
@@ -184,10 +191,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         * projected: q, k and the spatially-aware v computed per pixel, then
           :func:`~aadet.layers.functional.block_attention`.
         """
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"SpatiallyAwareAttentionStem expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
-            )
+        self._check_input(x)
         bsz, cin, h, w = x.shape
         s = self.block_size
         ct = torch.promote_types(x.dtype, torch.float32)
@@ -216,20 +220,59 @@ class SpatiallyAwareAttentionStem(nn.Module):
         w_v = torch.einsum("abm,moc->aboc", self.mixture_weights().to(dtype), self.value_weight.to(dtype))
         return wq, wk, w_v.reshape(self.block_size ** 2, self.out_channels, cin)
 
-    def _attend_projected(self, xb: torch.Tensor, mask) -> torch.Tensor:
-        """``xb [N, P, in]`` -> ``[N, P, out]``: q, k, v per pixel, then block attention."""
-        n, p, cin = xb.shape
-        nh, d = self.num_heads, self.head_channels
-        wq, wk, w_v = self._head_weights(xb.dtype)
+    def _block_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``[N, P, Nh * d]`` -> ``[N, Nh, P, d]``."""
+        n, p, _ = t.shape
+        return t.view(n, p, self.num_heads, self.head_channels).transpose(1, 2)
+
+    def _project_qk(self, xb: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor):
+        """``xb [N, P, in]`` -> scaled queries and keys ``[N, Nh, P, d]``."""
+        cin = xb.shape[-1]
         q = torch.matmul(xb, wq.reshape(-1, cin).t())  # [N, P, out]
         k = torch.matmul(xb, wk.reshape(-1, cin).t())
-        v = torch.einsum("npi,poi->npo", xb, w_v)  # v_j = W_V(j) x_j
+        return self._block_heads(q), self._block_heads(k)
 
-        def heads(t):  # [N, P, Nh * d] -> [N, Nh, P, d]
-            return t.view(n, p, nh, d).transpose(1, 2)
-
-        out = block_attention(heads(q), heads(k), heads(v), self.rel_h, self.rel_w, self.block_size, mask)
+    def _attend_projected(self, xb: torch.Tensor, mask) -> torch.Tensor:
+        """``xb [N, P, in]`` -> ``[N, P, out]``: q, k, v per pixel, then block attention."""
+        n, p, _ = xb.shape
+        wq, wk, w_v = self._head_weights(xb.dtype)
+        q, k = self._project_qk(xb, wq, wk)
+        v = self._block_heads(torch.einsum("npi,poi->npo", xb, w_v))  # v_j = W_V(j) x_j
+        out = block_attention(q, k, v, self.rel_h, self.rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
+
+    def attention_probs(self, x: torch.Tensor, blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention probabilities of :meth:`forward` (for analysis; both of its routes compute
+        the same numbers), under ``torch.no_grad()`` or not as the caller chooses.
+
+        Args:
+            x: ``[B, in, H, W]`` stem input.
+            blocks: optional 1-D index of the blocks to compute, into the ``B * nby * nbx``
+                blocks of :func:`~aadet.layers.functional.map_to_blocks`'s layout (image, block
+                row, block column); None = all.
+
+        Returns:
+            ``[N, Nh, b*b, b*b]`` (``N`` = ``len(blocks)`` or ``B * nby * nbx``), float32 (float64
+            for float64 input): ``p[n, :, i, j]`` is the weight of pixel ``j`` of block ``n`` for
+            its pixel ``i`` (row-major in the block). Keys outside the map (blocks cut by its
+            border) have weight exactly 0; rows of such pixels as queries are not used by
+            :meth:`forward`.
+        """
+        self._check_input(x)
+        bsz, _, h, w = x.shape
+        s = self.block_size
+        ct = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            xb = map_to_blocks(x.to(ct), s)  # [N, P, in]
+            mask = block_padding_mask((h, w), s, x.device)
+            if mask is not None:
+                mask = mask.repeat(bsz, 1, 1, 1)
+            if blocks is not None:
+                xb = xb[blocks]
+                mask = None if mask is None else mask[blocks]
+            wq, wk, _ = self._head_weights(ct)
+            q, k = self._project_qk(xb, wq, wk)
+            return block_attention_probs(q, k, self.rel_h, self.rel_w, s, mask)
 
     def _attend_factorized(self, xb: torch.Tensor, mask) -> torch.Tensor:
         """``xb [N, P, in]`` -> ``[N, P, out]``, factorized through the input (see :meth:`forward`)."""

@@ -182,12 +182,24 @@ class LocalSelfAttention2d(nn.Module):
         h, w = input_hw
         return -(-h // self.stride), -(-w // self.stride)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, in_channels, H, W]`` -> ``[B, out_channels, ceil(H/stride), ceil(W/stride)]``."""
+    def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"LocalSelfAttention2d expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
             )
+
+    def queries_keys(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The scaled queries and the keys :meth:`forward` attends with (for analysis, e.g.
+        :func:`~aadet.layers.functional.local_attention_probs_2d`).
+
+        Args:
+            x: ``[B, in_channels, H, W]`` layer input.
+
+        Returns:
+            ``q, k``: ``[B, Nh, H, W, dkh]`` each, ``q`` already multiplied by ``dkh ** -0.5``
+            (the sine encoding added to their input for ``"sine2d"``).
+        """
+        self._check_input(x)
         _, _, h, w = x.shape
         x_qk = x
         if self.positional_encoding == "sine2d":
@@ -195,7 +207,12 @@ class LocalSelfAttention2d(nn.Module):
         nh = self.num_heads
         q = split_heads(self.query(x_qk), nh) * self.head_channels ** -0.5  # [B, Nh, H, W, dkh]
         k = split_heads(self.key(x_qk), nh)  # [B, Nh, H, W, dkh]
-        v = split_heads(self.value(x), nh)  # [B, Nh, H, W, dkh]
+        return q, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, in_channels, H, W]`` -> ``[B, out_channels, ceil(H/stride), ceil(W/stride)]``."""
+        q, k = self.queries_keys(x)  # [B, Nh, H, W, dkh]
+        v = split_heads(self.value(x), self.num_heads)  # [B, Nh, H, W, dkh]
         out = local_self_attention_2d(
             q, k, v, self.rel_h, self.rel_w, self.kernel_size,
             block_size=self.block_size, impl=self.impl,

@@ -15,6 +15,9 @@ tested against (float64-exact).
   blocks on top of :func:`attention_with_logit_tables`).
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
+* Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
+  :func:`relative_attention_weights_2d` (AA, selected queries), :func:`block_attention_probs`
+  (stem).
 
 The allowed ``impl`` values are derived from the registries:
 ``LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)`` and likewise
@@ -43,6 +46,7 @@ aadet`` keeps working without it.
 from .blocks import (  # noqa: F401
     add_block_relative_logits,
     block_attention,
+    block_attention_probs,
     block_padding_mask,
     block_self_attention_2d,
     block_softmax,

@@ -12,7 +12,7 @@ are written out with batched matmuls: plain tensor ops, so the stem traces and e
 * :func:`block_attention`: on tensors already in block layout ``[N blocks, Nh, b*b, d]`` (what
   :class:`~aadet.layers.SpatiallyAwareAttentionStem` calls, its projections computed in blocks);
   :func:`add_block_relative_logits` and :func:`block_softmax` are its two steps, shared with the
-  stem's factorized route;
+  stem's factorized route; :func:`block_attention_probs` returns its probabilities (analysis);
 * :func:`map_to_blocks` / :func:`blocks_to_map` / :func:`block_padding_mask`: the block layout
   (zero-padded to multiples of ``b``; padded pixels are masked out of the softmax);
 * :func:`block_self_attention_2d`: the same attention on ``[B, Nh, H, W, d]`` maps.
@@ -27,6 +27,7 @@ from .checks import check_block_size, check_qkv
 __all__ = [
     "add_block_relative_logits",
     "block_attention",
+    "block_attention_probs",
     "block_padding_mask",
     "block_self_attention_2d",
     "block_softmax",
@@ -61,6 +62,35 @@ def block_attention(
     Returns:
         ``[N, Nh, b*b, dv]`` in ``v``'s dtype.
     """
+    _check_block_args(q, k, v, rel_h, rel_w, block_size)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        probs = _block_probs(q, k, rel_h, rel_w, block_size, key_padding_mask)  # [N, Nh, P, P]
+        out = torch.matmul(probs, v.to(probs.dtype))
+    return out.to(v.dtype)
+
+
+def block_attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    block_size: int,
+    key_padding_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The attention probabilities of :func:`block_attention` (an analysis/test helper).
+
+    Args: as :func:`block_attention` (without ``v``).
+
+    Returns:
+        ``[N, Nh, b*b, b*b]`` (query pixel, key pixel; row-major in the block), float32 (float64
+        for float64 inputs); padded keys at exactly 0.
+    """
+    _check_block_args(q, k, k, rel_h, rel_w, block_size)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _block_probs(q, k, rel_h, rel_w, block_size, key_padding_mask)
+
+
+def _check_block_args(q, k, v, rel_h, rel_w, block_size: int) -> None:
     check_block_size(block_size)
     bs, p = block_size, block_size * block_size
     if q.dim() != 4 or q.shape[-2] != p or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
@@ -75,18 +105,19 @@ def block_attention(
             f"rel_h/rel_w must be [{2 * bs - 1}, {dk // 2}] and [{2 * bs - 1}, {dk - dk // 2}]; got "
             f"{tuple(rel_h.shape)} and {None if rel_w is None else tuple(rel_w.shape)}"
         )
+
+
+def _block_probs(q, k, rel_h, rel_w, block_size: int, key_padding_mask) -> torch.Tensor:
+    """Softmax of the block logits on checked arguments (autocast off), ``[N, Nh, P, P]``."""
     ct = torch.promote_types(q.dtype, torch.float32)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        qc = q.to(ct)
-        logits = torch.matmul(qc, k.to(ct).transpose(-1, -2))  # [N, Nh, P, P]
-        if rel_h is not None:
-            dr = dk // 2
-            row = torch.matmul(qc[..., :dr], rel_h.to(ct).t())  # [N, Nh, P, 2b - 1]
-            col = torch.matmul(qc[..., dr:], rel_w.to(ct).t())
-            logits = add_block_relative_logits(logits, row, col, bs)
-        probs = block_softmax(logits, key_padding_mask)
-        out = torch.matmul(probs, v.to(ct))
-    return out.to(v.dtype)
+    qc = q.to(ct)
+    logits = torch.matmul(qc, k.to(ct).transpose(-1, -2))  # [N, Nh, P, P]
+    if rel_h is not None:
+        dr = q.shape[-1] // 2
+        row = torch.matmul(qc[..., :dr], rel_h.to(ct).t())  # [N, Nh, P, 2b - 1]
+        col = torch.matmul(qc[..., dr:], rel_w.to(ct).t())
+        logits = add_block_relative_logits(logits, row, col, block_size)
+    return block_softmax(logits, key_padding_mask)
 
 
 def add_block_relative_logits(
