@@ -87,6 +87,12 @@ def add_aadet_config(cfg):
     # Iterations between metric writes (console, metrics.json, TensorBoard), and the smoothing
     # window of metrics.json. Detectron2 hard-codes 20; 1 records every iteration's raw losses.
     _C.SOLVER.LOG_PERIOD = 20
+    # Iterations between attention statistics in the training metrics (aadet.engine.hooks.
+    # AttentionStatsHook): per attention layer, attn/<layer>/perplexity (effective number of keys
+    # attended, on the first image of that iteration's batch) and keys (number available), and
+    # attn/<layer>/{rel,rel_h,rel_w,query,value}_grad_ratio (||grad|| / ||weight||). Also at the
+    # last iteration. 0 = off (default; not part of the papers' recipe).
+    _C.TEST.ATTENTION_STATS_PERIOD = 0
 
     # ---------------------------------------------------------------- RetinaNet / FPN
     # Where FPN's P6/P7 come from: "res5" (Detectron2's RetinaNet) or "p5" (the RetinaNet of the
@@ -321,6 +327,7 @@ def validate_aadet_config(cfg):
             "SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS)
         )
     _check_min("SOLVER.LOG_PERIOD", s.LOG_PERIOD, 1)
+    _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     _check_min("SOLVER.WARMUP_EPOCHS", s.WARMUP_EPOCHS, 0)
     if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
         raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)

@@ -8,7 +8,20 @@ and the timing/memory helpers shared by ``tools/benchmark.py`` and ``tools/bench
 * :mod:`.timing` -- warm-up + median timing, CUDA sync, peak memory (CUDA or process RSS), the
   AMP dtype, one benchmark case per process.
 * :mod:`.report` -- benchmark reports: ratios to a reference result, markdown tables, JSON.
+* :mod:`.attention_stats` -- how the attention layers attend and learn: per-layer attention
+  perplexity (effective number of keys attended) and gradient/weight ratios of the relative
+  embeddings, with forward hooks for a whole model.
 """
+from .attention_stats import (  # noqa: F401
+    AttentionStats,
+    AttentionStatsCollector,
+    attention_layers,
+    attention_perplexity,
+    augmented_attention_perplexity,
+    local_attention_perplexity,
+    relative_embedding_grad_ratios,
+    stem_attention_perplexity,
+)
 
 from .flops import (  # noqa: F401
     FlopReport,

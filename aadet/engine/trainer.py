@@ -8,7 +8,9 @@ Differences from ``DefaultTrainer``, each for a reason:
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
 * multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
   ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules;
-* metrics written every ``SOLVER.LOG_PERIOD`` iterations (Detectron2 hard-codes 20).
+* metrics written every ``SOLVER.LOG_PERIOD`` iterations (Detectron2 hard-codes 20);
+* with ``TEST.ATTENTION_STATS_PERIOD > 0``, per-layer attention statistics in the metrics
+  (:class:`~aadet.engine.hooks.AttentionStatsHook`).
 The Detectron2 internals this needs are wrapped in :mod:`aadet.engine.d2compat`.
 A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
 ``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
@@ -26,6 +28,7 @@ from ..data.augmentation import build_augmentation
 from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
 from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
+from .hooks import AttentionStatsHook
 
 __all__ = ["Trainer"]
 
@@ -128,4 +131,10 @@ class Trainer(DefaultTrainer):
                     file_prefix="model_best",
                 ),
             )
+        period = self.cfg.TEST.ATTENTION_STATS_PERIOD
+        if period > 0:  # before the writer, which then writes the iteration's scalars
+            idx = next(
+                (i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret)
+            )
+            ret.insert(idx, AttentionStatsHook(period))
         return ret
