@@ -1,5 +1,6 @@
 """The shared ResNet stage builder is Detectron2's: with no attention stage, AA-ResNet and
-SASA-ResNet are ``build_resnet_backbone`` to the last weight (same modules, same RNG order)."""
+SASA-ResNet (and the conv baseline's bottom-up) are ``build_resnet_backbone`` to the last weight
+(same modules, same RNG order)."""
 import pytest
 import torch
 from detectron2.config import get_cfg
@@ -8,6 +9,7 @@ from detectron2.modeling.backbone.resnet import build_resnet_backbone
 
 from aadet.config import ConfigValueError, add_aadet_config
 from aadet.modeling.backbone.aa_resnet import build_aa_resnet_backbone
+from aadet.modeling.backbone.fpn import build_retinanet_conv_resnet_fpn_backbone
 from aadet.modeling.backbone.resnet_stages import RESNET_BLOCKS_PER_STAGE, build_resnet
 from aadet.modeling.backbone.sasa_resnet import build_sasa_resnet_backbone
 
@@ -85,6 +87,27 @@ def test_sasa_builder_without_attention_is_detectron2_resnet(depth, resnets):
     _same_network(ours, reference)
 
 
+@pytest.mark.parametrize("depth,resnets", CASES[:3] + CASES[4:])  # an FPN takes no dilated res5
+def test_conv_retinanet_backbone_is_detectron2_resnet(depth, resnets):
+    cfg = _cfg(depth, **resnets)
+    cfg.MODEL.FPN.IN_FEATURES = ["res3", "res4", "res5"]
+    torch.manual_seed(0)
+    reference = build_resnet_backbone(cfg, ShapeSpec(channels=3))
+    torch.manual_seed(0)
+    ours = build_retinanet_conv_resnet_fpn_backbone(cfg, ShapeSpec(channels=3)).bottom_up
+    _same_network(ours, reference)
+
+
+@pytest.mark.parametrize("depth,blocks", [(26, (1, 2, 4, 1)), (38, (2, 3, 5, 2))])
+def test_conv_backbone_builds_the_sasa_papers_baseline_depths(depth, blocks):
+    """SASA's conv ResNet-26/38 baselines (paper Sec. 4.1), which Detectron2 does not build."""
+    cfg = _cfg(depth)
+    cfg.MODEL.FPN.IN_FEATURES = ["res3", "res4", "res5"]
+    net = build_retinanet_conv_resnet_fpn_backbone(cfg, ShapeSpec(channels=3)).bottom_up
+    assert tuple(len(s) for s in net.stages) == blocks == RESNET_BLOCKS_PER_STAGE[depth]
+    assert all(type(b).__name__ == "BottleneckBlock" for s in net.stages for b in s)
+
+
 def test_block_for_stage_sees_each_stage_once_with_its_geometry():
     cfg = _cfg(50, RES5_DILATION=2)
     seen = []
@@ -115,7 +138,7 @@ def test_block_for_stage_sees_each_stage_once_with_its_geometry():
         (18, {"RES2_OUT_CHANNELS": 128}, (), "MODEL.RESNETS.RES2_OUT_CHANNELS must be 64 for R18/R34"),
         (34, {"RES5_DILATION": 2}, (), "MODEL.RESNETS.RES5_DILATION must be 1 for R18/R34"),
         (18, {"NUM_GROUPS": 2}, (), "MODEL.RESNETS.NUM_GROUPS must be 1 for R18/R34"),
-        (26, {}, (), r"MODEL.RESNETS.DEPTH must be one of \[18, 34, 50, 101, 152\]"),
+        (27, {}, (), r"MODEL.RESNETS.DEPTH must be one of \[18, 26, 34, 38, 50, 101, 152\]"),
     ],
 )
 def test_resnet_config_errors(depth, resnets, aa_stages, needle):

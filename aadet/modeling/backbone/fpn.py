@@ -12,9 +12,12 @@ bottom-up builder): ``build_retinanet_conv_resnet_fpn_backbone`` (here: Detectro
 ``build_retinanet_aa_resnet_fpn_backbone``, ``build_retinanet_sasa_resnet_fpn_backbone``.
 """
 from detectron2.layers import ShapeSpec
-from detectron2.modeling.backbone import BACKBONE_REGISTRY, build_resnet_backbone
+from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
+from detectron2.modeling.backbone.resnet import BasicStem
 from detectron2.utils.registry import Registry
+
+from .resnet_stages import build_resnet
 
 __all__ = [
     "FPN_SPATIAL_LAYER_REGISTRY",
@@ -78,5 +81,16 @@ def build_retinanet_fpn(cfg, bottom_up) -> FPN:
 
 @BACKBONE_REGISTRY.register()
 def build_retinanet_conv_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
-    """The convolutional baseline: RetinaNet FPN over Detectron2's ``build_resnet_backbone``."""
-    return build_retinanet_fpn(cfg, build_resnet_backbone(cfg, input_shape))
+    """The convolutional baseline: RetinaNet FPN over Detectron2's ResNet.
+
+    :func:`~.resnet_stages.build_resnet` with Detectron2's blocks and stem: the same network as
+    Detectron2's ``build_resnet_backbone`` at its depths (``tests/test_resnet_stages.py``), and
+    also the SASA paper's conv ResNet-26/38 baselines.
+    """
+    r = cfg.MODEL.RESNETS
+    stem = BasicStem(in_channels=input_shape.channels, out_channels=r.STEM_OUT_CHANNELS, norm=r.NORM)
+    resnet = build_resnet(
+        cfg, stem, block_for_stage=lambda stage: None,
+        builder="build_retinanet_conv_resnet_fpn_backbone",
+    )
+    return build_retinanet_fpn(cfg, resnet)

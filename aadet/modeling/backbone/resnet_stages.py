@@ -20,17 +20,21 @@ from detectron2.modeling.backbone.resnet import (
 
 from ...config import STAGE_NAMES, config_error
 
-__all__ = ["RESNET_BLOCKS_PER_STAGE", "ResNetStage", "build_resnet"]
+__all__ = ["BASIC_DEPTHS", "RESNET_BLOCKS_PER_STAGE", "ResNetStage", "build_resnet"]
 
-# Detectron2's depths (build_resnet_backbone): blocks per stage res2..res5.
+# Blocks per stage res2..res5: Detectron2's depths (build_resnet_backbone) plus the SASA paper's
+# ResNet-26 and ResNet-38 (Sec. 4.1: ResNet-50's [3, 4, 6, 3] minus 2 / 1 blocks per stage), which
+# the paper trains both as conv baselines and with attention.
 RESNET_BLOCKS_PER_STAGE = {
     18: (2, 2, 2, 2),
+    26: (1, 2, 4, 1),
     34: (3, 4, 6, 3),
+    38: (2, 3, 5, 2),
     50: (3, 4, 6, 3),
     101: (3, 4, 23, 3),
     152: (3, 8, 36, 3),
 }
-_BASIC_DEPTHS = (18, 34)  # BasicBlock (two 3x3) networks; the others use bottlenecks
+BASIC_DEPTHS = (18, 34)  # BasicBlock (two 3x3) networks; the others use bottlenecks
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def build_resnet(
         )
     if r.RES5_DILATION not in (1, 2):
         raise config_error("MODEL.RESNETS.RES5_DILATION", "1 or 2", r.RES5_DILATION)
-    basic = depth in _BASIC_DEPTHS
+    basic = depth in BASIC_DEPTHS
     if basic:
         for key, value, allowed in (
             ("RES2_OUT_CHANNELS", r.RES2_OUT_CHANNELS, 64),

@@ -28,7 +28,7 @@ from ...config import check_sasa_config, config_error
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
-from .resnet_stages import ResNetStage, build_resnet
+from .resnet_stages import BASIC_DEPTHS, RESNET_BLOCKS_PER_STAGE, ResNetStage, build_resnet
 
 __all__ = [
     "SASABottleneckBlock",
@@ -37,12 +37,10 @@ __all__ = [
     "build_retinanet_sasa_resnet_fpn_backbone",
 ]
 
-# Blocks per stage (res2..res5). 26/38: ResNet-50 minus 2/1 blocks per stage (paper Sec. 4.1).
+# Blocks per stage (res2..res5): the bottleneck depths of the shared table (26/38: ResNet-50 minus
+# 2/1 blocks per stage, paper Sec. 4.1); SASA blocks are bottlenecks.
 SASA_BLOCKS_PER_STAGE = {
-    26: (1, 2, 4, 1),
-    38: (2, 3, 5, 2),
-    50: (3, 4, 6, 3),
-    101: (3, 4, 23, 3),
+    depth: blocks for depth, blocks in RESNET_BLOCKS_PER_STAGE.items() if depth not in BASIC_DEPTHS
 }
 
 
