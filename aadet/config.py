@@ -81,6 +81,12 @@ def add_aadet_config(cfg):
     _C.SOLVER.STEPS_EPOCHS = ()  # LR decay points in epochs; RetinaNet recipe: 2/3, 8/9 -> (100, 133)
     _C.SOLVER.WARMUP_EPOCHS = 0.0  # if > 0, overrides SOLVER.WARMUP_ITERS
 
+    # Optimizer (aadet.engine.optimizer.OPTIMIZERS): "SGD" (papers' recipe; Detectron2's, with
+    # SOLVER.MOMENTUM / NESTEROV) or "AdamW" (SOLVER.ADAMW_BETAS; decoupled SOLVER.WEIGHT_DECAY).
+    # Both use Detectron2's parameter groups, LR schedule and gradient clipping.
+    _C.SOLVER.OPTIMIZER = "SGD"
+    _C.SOLVER.ADAMW_BETAS = (0.9, 0.999)  # AdamW's (beta1, beta2), each in [0, 1)
+
     # Keep the checkpoint with the best value of this metric (from the periodic evaluation);
     # "" disables it. Written as model_best.pth next to the periodic checkpoints.
     _C.SOLVER.BEST_CHECKPOINT_METRIC = "bbox/AP"
@@ -327,6 +333,11 @@ def validate_aadet_config(cfg):
             "SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS)
         )
     _check_min("SOLVER.LOG_PERIOD", s.LOG_PERIOD, 1)
+    from .engine.optimizer import OPTIMIZERS  # here: aadet.engine imports this module
+
+    check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, tuple(OPTIMIZERS))
+    if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
+        raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     _check_min("SOLVER.WARMUP_EPOCHS", s.WARMUP_EPOCHS, 0)
     if s.EPOCHS <= 0 and s.MAX_ITER <= 0:

@@ -8,6 +8,7 @@ Differences from ``DefaultTrainer``, each for a reason:
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
 * multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
   ``device_ids=[local_rank]``, which PyTorch's DDP rejects for CPU modules;
+* optimizer: ``SOLVER.OPTIMIZER`` (SGD as Detectron2's, or AdamW; :mod:`aadet.engine.optimizer`);
 * metrics written every ``SOLVER.LOG_PERIOD`` iterations (Detectron2 hard-codes 20);
 * with ``TEST.ATTENTION_STATS_PERIOD > 0``, per-layer attention statistics in the metrics
   (:class:`~aadet.engine.hooks.AttentionStatsHook`).
@@ -29,6 +30,7 @@ from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, Resumab
 from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 from .hooks import AttentionStatsHook
+from .optimizer import build_optimizer
 
 __all__ = ["Trainer"]
 
@@ -87,6 +89,11 @@ class Trainer(DefaultTrainer):
         if self.start_iter > 0:
             # Continue the data stream where the checkpointed run was, not from its start.
             restart_data_loader(self, lambda: self.build_train_loader(self.cfg, self.start_iter))
+
+    @classmethod
+    def build_optimizer(cls, cfg, model):
+        """``SOLVER.OPTIMIZER``: Detectron2's SGD or AdamW (:mod:`aadet.engine.optimizer`)."""
+        return build_optimizer(cfg, model)
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name, output_folder=None):
