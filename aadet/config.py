@@ -64,6 +64,7 @@ def add_aadet_config(cfg):
     _C.INPUT.SCALE_JITTER.LONG_SIDE_RANGE = (512, 768)  # paper: [512, 768] pixels
     _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
     _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5
+    _C.INPUT.SCALE_JITTER.VFLIP_PROB = 0.0  # vertical flip probability (not in the papers; aerial data)
     _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
     # Photometric jitter (Detectron2's RandomBrightness / RandomContrast: factors drawn uniformly
     # from the ranges). NOT part of the papers' recipe, so off by default; the tree-crown demo turns
@@ -72,6 +73,9 @@ def add_aadet_config(cfg):
     _C.INPUT.PHOTOMETRIC.ENABLED = False
     _C.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.75, 1.25)
     _C.INPUT.PHOTOMETRIC.CONTRAST = (0.75, 1.25)
+    # Per-channel gain range (aadet.data.augmentation.RandomChannelGain: each of B, G, R multiplied
+    # by its own factor, a white-balance jitter); (1, 1) = off.
+    _C.INPUT.PHOTOMETRIC.CHANNEL_GAIN = (1.0, 1.0)
 
     # ---------------------------------------------------------------- epoch-based schedule
     # When EPOCHS > 0, SOLVER.MAX_ITER and SOLVER.STEPS are computed at start from the number of
@@ -318,9 +322,10 @@ def validate_aadet_config(cfg):
     _check_range_pair("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", sj.LONG_SIDE_RANGE)
     if int(sj.CROP_SIZE) <= 0:
         raise config_error("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
-    if not 0.0 <= float(sj.FLIP_PROB) <= 1.0:
-        raise config_error("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
-    for key in ("BRIGHTNESS", "CONTRAST"):
+    for key in ("FLIP_PROB", "VFLIP_PROB"):
+        if not 0.0 <= float(sj[key]) <= 1.0:
+            raise config_error(f"INPUT.SCALE_JITTER.{key}", "in [0, 1]", sj[key])
+    for key in ("BRIGHTNESS", "CONTRAST", "CHANNEL_GAIN"):
         _check_range_pair(f"INPUT.PHOTOMETRIC.{key}", cfg.INPUT.PHOTOMETRIC[key])
 
     s = cfg.SOLVER

@@ -35,6 +35,8 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", (768, 512), "LONG_SIDE_RANGE"),
         ("INPUT.SCALE_JITTER.CROP_SIZE", 0, "CROP_SIZE"),
         ("INPUT.SCALE_JITTER.FLIP_PROB", 1.5, "FLIP_PROB"),
+        ("INPUT.SCALE_JITTER.VFLIP_PROB", -0.1, "INPUT.SCALE_JITTER.VFLIP_PROB must be in"),
+        ("INPUT.PHOTOMETRIC.CHANNEL_GAIN", (1.2, 0.8), "INPUT.PHOTOMETRIC.CHANNEL_GAIN must be"),
         ("SOLVER.EPOCHS", -1, "SOLVER.EPOCHS"),
         ("MODEL.FPN.P6P7_SOURCE", "c5", "P6P7_SOURCE"),
         ("MODEL.AA.KAPPA", 0.0, "MODEL.AA.KAPPA"),
