@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= datasets
-DEMO_CONFIG ?= configs/Demo/trees_R_50_slim_FPN.yaml
+DEMO_CONFIG ?= configs/Demo/trees_R_26_slim_FPN.yaml
 DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))

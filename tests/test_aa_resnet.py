@@ -216,7 +216,7 @@ def test_resnet_keys_are_respected():
     [
         (lambda c: setattr(c.MODEL.RESNETS, "DEFORM_ON_PER_STAGE", [False, True, False, False]),
          "MODEL.RESNETS.DEFORM_ON_PER_STAGE must be all False"),
-        (lambda c: setattr(c.MODEL.RESNETS, "DEPTH", 26), "MODEL.RESNETS.DEPTH must be one of"),
+        (lambda c: setattr(c.MODEL.RESNETS, "DEPTH", 27), "MODEL.RESNETS.DEPTH must be one of"),
         (lambda c: setattr(c.MODEL.AA, "STAGES", ("res6",)), "MODEL.AA.STAGES must be a subset"),
         (lambda c: setattr(c.MODEL.AA, "DOWNSAMPLE_STAGES", ("stem",)),
          "MODEL.AA.DOWNSAMPLE_STAGES must be a subset"),

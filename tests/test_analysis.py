@@ -326,7 +326,7 @@ def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
         sys.executable,
         os.path.join(REPO, "tools", "benchmark.py"),
         "--configs",
-        os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml"),
+        os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
         "--device",
         "cpu",
         "--size",
@@ -352,7 +352,7 @@ def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
     assert r["train"]["median_s"] > 0 and r["train"]["images_per_s"] > 0
     assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
     assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
-    assert "| `trees_R_50_slim_FPN` |" in out_md.read_text()
+    assert "| `trees_R_26_slim_FPN` |" in out_md.read_text()
 
 
 def test_readme_shows_the_committed_model_table():

@@ -191,8 +191,8 @@ def test_tools_refuse_repeated_cases_before_running():
     import benchmark
     import benchmark_layers
 
-    config = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
-    with pytest.raises(SystemExit, match="lists .*trees_R_50_slim_FPN.yaml.* more than once"):
+    config = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
+    with pytest.raises(SystemExit, match="lists .*trees_R_26_slim_FPN.yaml.* more than once"):
         benchmark.main(["--configs", config, config])
     with pytest.raises(SystemExit, match=r"--sizes lists a size more than once: \[20, 20\]"):
         benchmark_layers.main(["--sizes", "20", "20"])

@@ -32,8 +32,8 @@ EXPECTED = [
     "configs/COCO-Detection/sasa_convstem_retinanet_R_50_FPN_scratch_150ep.yaml",
     "configs/COCO-Detection/sasa_convstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep.yaml",
     "configs/Demo/Base-Trees.yaml",
-    "configs/Demo/trees_AA_R_50_slim_FPN.yaml",
-    "configs/Demo/trees_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_AA_R_26_slim_FPN.yaml",
+    "configs/Demo/trees_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
 ]

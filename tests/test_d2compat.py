@@ -100,7 +100,7 @@ def test_aadet_retinanet_normalizer_goes_through_the_hook():
     from detectron2.modeling import build_model
     from detectron2.structures import Boxes, Instances
 
-    cfg = load_config(os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml"),
+    cfg = load_config(os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
                       ["MODEL.DEVICE", "cpu"], freeze=False)
     torch.manual_seed(0)
     model = build_model(cfg).train()

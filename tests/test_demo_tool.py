@@ -17,7 +17,7 @@ from aadet.utils.visualizer import LEGEND_HEIGHT, enlarge_factor
 from test_export import random_detector
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+CONFIG = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
 import demo  # tools/ is on the test path (pytest.ini)
 
 THRESH = 0.5

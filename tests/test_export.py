@@ -80,8 +80,8 @@ def assert_same_detections(ref, got, cfg):
 
 
 ARCHS = [
-    pytest.param("trees_R_50_slim_FPN.yaml", id="conv"),
-    pytest.param("trees_AA_R_50_slim_FPN.yaml", id="AA"),
+    pytest.param("trees_R_26_slim_FPN.yaml", id="conv"),
+    pytest.param("trees_AA_R_26_slim_FPN.yaml", id="AA"),
     pytest.param("trees_SASA_R_26_slim_FPN.yaml", id="SASA", marks=pytest.mark.slow),
     pytest.param("trees_SASA_full_attention_R_26_slim.yaml", id="SASA-full", marks=pytest.mark.slow),
 ]
@@ -114,7 +114,7 @@ def test_onnx_and_torchscript_match_pytorch(config, tmp_path):
 @needs_onnx
 def test_opset_range_ends_export(opset, tmp_path):
     """The first and last supported opsets, on the AA model (relative logits, GN, NMS)."""
-    cfg, model = random_detector(os.path.join(DEMO, "trees_AA_R_50_slim_FPN.yaml"), SMALL)
+    cfg, model = random_detector(os.path.join(DEMO, "trees_AA_R_26_slim_FPN.yaml"), SMALL)
     image = sample_input(cfg, size=(SIZE, SIZE))
     path = export_model(cfg, model, image, str(tmp_path), "onnx", opset=opset)
     assert onnx.load(path).opset_import[0].version == opset
@@ -126,7 +126,7 @@ def test_export_errors_name_the_key(tmp_path):
                       ["MODEL.SASA.IMPL", "neighborhood"])
     with pytest.raises(ConfigValueError, match="MODEL.SASA.IMPL.*'auto', 'materialized'.*neighborhood"):
         check_exportable(cfg, "onnx")
-    cfg = load_config(os.path.join(DEMO, "trees_R_50_slim_FPN.yaml"))
+    cfg = load_config(os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"))
     with pytest.raises(ValueError, match=r"opset must be in \[13, 20\].*got 9"):
         check_exportable(cfg, "onnx", 9)
     with pytest.raises(ValueError, match="format must be one of"):
@@ -141,7 +141,7 @@ def test_exported_model_rejects_other_sizes_and_matches_predictor_on_images(tmp_
     of another size is an error naming the exported size."""
     from aadet.engine import Predictor
 
-    cfg, model = random_detector(os.path.join(DEMO, "trees_R_50_slim_FPN.yaml"), SMALL)
+    cfg, model = random_detector(os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"), SMALL)
     ckpt = str(tmp_path / "random.pth")
     torch.save({"model": model.state_dict()}, ckpt)
     predictor = Predictor(cfg, ckpt)
@@ -163,12 +163,12 @@ def test_exported_model_rejects_other_sizes_and_matches_predictor_on_images(tmp_
 def test_tool_exports_both_formats_and_checks(tmp_path, capsys):
     import export_model as tool  # tools/ is on the test path (pytest.ini)
 
-    cfg, model = random_detector(os.path.join(DEMO, "trees_R_50_slim_FPN.yaml"), SMALL)
+    cfg, model = random_detector(os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"), SMALL)
     ckpt = str(tmp_path / "random.pth")
     torch.save({"model": model.state_dict()}, ckpt)
     out = str(tmp_path / "exported")
     written = tool.main([
-        "--config-file", os.path.join(DEMO, "trees_R_50_slim_FPN.yaml"), "--weights", ckpt,
+        "--config-file", os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"), "--weights", ckpt,
         "--format", "onnx", "torchscript", "--input-size", str(SIZE), str(SIZE),
         "--output", out, "--check", "--opts", *map(str, SMALL),
     ])

@@ -241,7 +241,7 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     bad = tmp_path / "bad.yaml"  # fails validation when built: SASA's kernel must be odd
     bad.write_text(f'_BASE_: "{demo}/trees_SASA_R_26_slim_FPN.yaml"\nMODEL:\n  SASA:\n    KERNEL_SIZE: 4\n')
     tiny = tmp_path / "tiny_R_18.yaml"
-    tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_50_slim_FPN.yaml")))
+    tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_26_slim_FPN.yaml")))
     out = tmp_path / "report"
     rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--configs", str(bad), str(tiny),
                          "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out),

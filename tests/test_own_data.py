@@ -14,7 +14,7 @@ from aadet.data.synthetic import make_coco_tiles
 from aadet.engine import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import aadet  # noqa: F401
 from aadet.engine import AADetCheckpointer, CheckpointMismatchError, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
 # A tiny, fast variant of the demo: small crops, batch 2, every iteration logged.
 TINY = [
     "SOLVER.EPOCHS", "0", "SOLVER.STEPS_EPOCHS", "()", "SOLVER.MAX_ITER", "16",
@@ -166,7 +166,7 @@ def test_nonfinite_loss_stops_training_naming_iteration(data_env, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "config", ["trees_AA_R_50_slim_FPN.yaml", "trees_SASA_full_attention_R_26_slim.yaml"]
+    "config", ["trees_AA_R_26_slim_FPN.yaml", "trees_SASA_full_attention_R_26_slim.yaml"]
 )
 def test_bf16_autocast_forward_is_finite_and_close(config):
     """Mixed precision through whole attention models: large inputs, bf16 autocast on CPU, finite

@@ -150,7 +150,7 @@ def test_install_from_a_wheelhouse_without_an_index_keeps_the_system_torch(tmp_p
         "import os, torch, numpy, detectron2, aadet\n"
         "from detectron2.modeling import build_model\n"
         "from aadet.engine import load_config\n"
-        f"cfg = load_config({os.path.join(REPO, 'configs/Demo/trees_R_50_slim_FPN.yaml')!r}, ['MODEL.DEVICE', 'cpu'])\n"
+        f"cfg = load_config({os.path.join(REPO, 'configs/Demo/trees_R_26_slim_FPN.yaml')!r}, ['MODEL.DEVICE', 'cpu'])\n"
         "model = build_model(cfg).eval()\n"
         "with torch.no_grad():\n"
         "    (out,) = model([{'image': torch.rand(3, 64, 64) * 255, 'height': 64, 'width': 64}])\n"

@@ -34,7 +34,7 @@ from aadet.utils.visualizer import (
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_50_slim_FPN.yaml")
+DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
 
 # visualize_data: Detectron2's Visualizer at these image sizes (default font 10 px): a box
 # outline is a line about 2.5 px wide centred on the edge, so the pixels on either side of the edge are fully
@@ -426,7 +426,7 @@ def test_attention_maps_of_an_aa_layer(tmp_path):
     """Figure-10 style: heads x pixels maps, each a distribution over the attention grid."""
     import visualize_attention
 
-    aa_cfg = os.path.join(REPO, "configs", "Demo", "trees_AA_R_50_slim_FPN.yaml")
+    aa_cfg = os.path.join(REPO, "configs", "Demo", "trees_AA_R_26_slim_FPN.yaml")
     cfg = load_config(aa_cfg, ["MODEL.DEVICE", "cpu"])
     torch.manual_seed(0)
     AADetCheckpointer(build_model(cfg), str(tmp_path)).save("aa")

@@ -2,8 +2,8 @@
 """Training and inference speed and memory of aadet configs, as ratios to the conv baseline.
 
     # CPU (small sizes): the demo models, the first config is the baseline
-    OMP_NUM_THREADS=1 python tools/benchmark.py --configs configs/Demo/trees_R_50_slim_FPN.yaml \\
-        configs/Demo/trees_AA_R_50_slim_FPN.yaml configs/Demo/trees_SASA_R_26_slim_FPN.yaml \\
+    OMP_NUM_THREADS=1 python tools/benchmark.py --configs configs/Demo/trees_R_26_slim_FPN.yaml \\
+        configs/Demo/trees_AA_R_26_slim_FPN.yaml configs/Demo/trees_SASA_R_26_slim_FPN.yaml \\
         --device cpu --size 256 --batch 2 --output-json out/bench_demo_cpu.json
 
     # CUDA: the COCO R50 models at the papers' 640x640, batch 16, AMP off and on

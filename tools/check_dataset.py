@@ -3,7 +3,7 @@
 
     python tools/check_dataset.py datasets/trees/annotations/trees_val.json datasets/trees/val
     python tools/check_dataset.py cells/train.json cells/images cells/val.json cells/images \\
-        --base configs/Demo/trees_R_50_slim_FPN.yaml --write configs/cells.yaml
+        --base configs/Demo/trees_R_26_slim_FPN.yaml --write configs/cells.yaml
 
 Arguments are JSON IMAGE_ROOT pairs, one per split; the FIRST is the training split, whose boxes
 set the suggested anchors, aspect ratios and sizes (``aadet/data/statistics.py`` has the rule).
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-stats", action="store_true", help="only check, no statistics")
     parser.add_argument("--base", default=None,
                         help="config the suggestion must fit (its FPN levels, anchors per level, "
-                        "crop size), e.g. configs/Demo/trees_R_50_slim_FPN.yaml")
+                        "crop size), e.g. configs/Demo/trees_R_26_slim_FPN.yaml")
     parser.add_argument("--write", default=None, metavar="CONFIG",
                         help="write a config that _BASE_s --base with the suggestion and datasets")
     args = parser.parse_args(argv)

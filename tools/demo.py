@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run a detector on images (files, folders, globs) or a video, in Detectron2's demo/demo.py style.
 
-  python tools/demo.py --config-file configs/Demo/trees_R_50_slim_FPN.yaml \
+  python tools/demo.py --config-file configs/Demo/trees_R_26_slim_FPN.yaml \
       --input datasets/trees/val/ "more/*.jpg" --output vis/ --json detections.json \
       --opts MODEL.WEIGHTS output/demo/model_final.pth
   python tools/demo.py --config-file CFG --video-input clip.mp4 --output clip_detections.mp4 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Export a trained detector to TorchScript and/or ONNX by tracing (Detectron2's route).
 
-  python tools/export_model.py --config-file configs/Demo/trees_AA_R_50_slim_FPN.yaml \
+  python tools/export_model.py --config-file configs/Demo/trees_AA_R_26_slim_FPN.yaml \
       --weights output/demo_aa/model_final.pth --format onnx torchscript \
       --input-size 400 400 --output exported/demo_aa --check
 

@@ -64,8 +64,8 @@ from aadet.analysis.timing import environment_info, run_worker  # noqa: E402
 #: Default time budget of each stage in seconds (a lent machine runs a command 10 minutes).
 DEFAULT_BUDGET_S = {"tests": 300, "configs": 300, "demo": 540, "benchmarks": 560}
 DEMO_CONFIGS = (
-    "configs/Demo/trees_R_50_slim_FPN.yaml",
-    "configs/Demo/trees_AA_R_50_slim_FPN.yaml",
+    "configs/Demo/trees_R_26_slim_FPN.yaml",
+    "configs/Demo/trees_AA_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
 )

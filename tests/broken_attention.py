@@ -1,0 +1,57 @@
+"""Run ``tools/train_net.py`` with the attention deliberately broken, to show that the learning
+tests (``tests/test_training.py``) fail when attention is wrong:
+
+  python tests/broken_attention.py MUTATION --config-file CFG [train_net args and KEY VALUE ...]
+
+MUTATION (applied to every SASA local attention and AA global attention call):
+
+* ``relative_zero``: the relative position embeddings multiplied by 0 (content-only logits);
+* ``off_by_one``: keys and values shifted by one row (every window/grid one pixel off, the
+  classic mask/index bug);
+* ``uniform``: queries multiplied by 0, so every window averages its values (no attention).
+
+With ``tests/test_training.py``'s ``AADET_BREAK_ATTENTION=MUTATION`` the learning tests run this
+instead of ``train_net.py``; the README's "Learning tests" table lists what each broken run reached.
+"""
+import os
+import runpy
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MUTATIONS = ("relative_zero", "off_by_one", "uniform")
+
+
+def _mutate(mutation, q, k, v, rel_h, rel_w):
+    if mutation == "relative_zero" and rel_h is not None:
+        rel_h, rel_w = rel_h * 0, rel_w * 0
+    elif mutation == "off_by_one":
+        k, v = k.roll(1, dims=2), v.roll(1, dims=2)  # [B, Nh, H, W, d]: one row down
+    elif mutation == "uniform":
+        q = q * 0
+    return q, k, v, rel_h, rel_w
+
+
+def break_attention(mutation: str):
+    """Patch the functional attention entry points the layers call (module attributes)."""
+    if mutation not in MUTATIONS:
+        raise SystemExit(f"mutation must be one of {MUTATIONS}; got {mutation!r}")
+    import aadet.layers.augmented_conv as aa
+    import aadet.layers.local_attention as sasa
+
+    local, relative = sasa.local_self_attention_2d, aa.relative_self_attention_2d
+
+    def broken_local(q, k, v, rel_h, rel_w, kernel_size, **kwargs):
+        return local(*_mutate(mutation, q, k, v, rel_h, rel_w), kernel_size, **kwargs)
+
+    def broken_relative(q, k, v, rel_h, rel_w, **kwargs):
+        return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), **kwargs)
+
+    sasa.local_self_attention_2d = broken_local
+    aa.relative_self_attention_2d = broken_relative
+
+
+if __name__ == "__main__":
+    break_attention(sys.argv.pop(1))
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
+    runpy.run_path(sys.argv[0], run_name="__main__")
