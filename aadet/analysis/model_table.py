@@ -35,6 +35,7 @@ __all__ = [
     "render_markdown",
     "parse_markdown",
     "load_demo_results",
+    "demo_result_from_runs",
 ]
 
 TABLE_BEGIN = "<!-- model-table:begin -->"
@@ -207,7 +208,7 @@ def render_markdown(rows: Sequence[ModelRow], command: str) -> str:
         "k x k neighbours for SASA; implementation overhead such as halo windows not counted); norms,",
         "pooling, softmax and post-processing not counted (`aadet/analysis/flops.py`). Paper numbers:",
         "AA Table 4/7, SASA Table 2 (RetinaNet from scratch on COCO). Δ = ours - paper.",
-        "Demo AP: box AP on the tree-crown demo's val split (`docs/demo_results.json`).",
+        "Demo AP: box AP on the tree-crown demo's val split, mean over the seeds in `docs/demo_results.json`.",
         "",
     ]
     header = "| " + " | ".join(COLUMNS) + " |"
@@ -262,3 +263,55 @@ def load_demo_results(path: str) -> Dict[str, Dict[str, float]]:
                 f"{path}: entry {name!r} needs a numeric 'AP' (box AP in %); got {entry!r}"
             )
     return data
+
+
+def _final_box_metrics(run_dir: str) -> Dict[str, float]:
+    """The last ``bbox/AP``, ``bbox/AP50``, ``bbox/AP75`` a training run wrote to its metrics.json."""
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{run_dir}: no metrics.json (not a finished training output directory)")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if "bbox/AP50" in r]
+    if not rows:
+        raise ValueError(f"{path}: no bbox/AP50 row (the run was not evaluated)")
+    return {k: float(rows[-1][f"bbox/{k}"]) for k in ("AP", "AP50", "AP75")}
+
+
+def _run_seed(run_dir: str) -> Optional[int]:
+    """SEED from the run's config.yaml (Detectron2 writes it into OUTPUT_DIR), None if absent."""
+    import yaml
+
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        seed = (yaml.safe_load(f) or {}).get("SEED")
+    return int(seed) if seed is not None else None
+
+
+def demo_result_from_runs(run_dirs: Sequence[str], note: str = "") -> Dict[str, object]:
+    """One ``docs/demo_results.json`` entry from finished runs of one demo config (e.g. one per seed).
+
+    ``AP``, ``AP50``, ``AP75``: the means over the runs (what the model table shows);
+    ``AP50_min`` / ``AP50_max``: their spread; ``runs``: ``{"seed", "AP", "AP50", "AP75"}`` each,
+    read from the run's ``metrics.json`` (its last evaluation) and ``config.yaml``.
+    Raises ValueError for no runs, or a directory without an evaluated metrics.json.
+    """
+    if not run_dirs:
+        raise ValueError("demo_result_from_runs: give at least one run directory")
+    runs = []
+    for d in run_dirs:
+        m = _final_box_metrics(d)
+        runs.append({"seed": _run_seed(d), **{k: round(v, 2) for k, v in m.items()}})
+    n = len(runs)
+    entry: Dict[str, object] = {
+        k: round(sum(r[k] for r in runs) / n, 2) for k in ("AP", "AP50", "AP75")
+    }
+    entry["AP50_min"] = min(r["AP50"] for r in runs)
+    entry["AP50_max"] = max(r["AP50"] for r in runs)
+    entry["seeds"] = [r["seed"] for r in runs]
+    entry["runs"] = runs
+    if note:
+        entry["note"] = note
+    return entry
