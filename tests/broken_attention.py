@@ -31,8 +31,12 @@ def _mutate(mutation, q, k, v, rel_h, rel_w):
     return q, k, v, rel_h, rel_w
 
 
-def break_attention(mutation: str):
-    """Patch the functional attention entry points the layers call (module attributes)."""
+def break_attention(mutation: str, patch=setattr):
+    """Patch the functional attention entry points the layers call (module attributes).
+
+    ``patch(module, name, value)``: ``setattr`` (for a whole process, as ``__main__`` does) or
+    pytest's ``monkeypatch.setattr`` (undone after the test, ``tests/test_attention_learning.py``).
+    """
     if mutation not in MUTATIONS:
         raise SystemExit(f"mutation must be one of {MUTATIONS}; got {mutation!r}")
     import aadet.layers.augmented_conv as aa
@@ -46,8 +50,8 @@ def break_attention(mutation: str):
     def broken_relative(q, k, v, rel_h, rel_w, **kwargs):
         return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), **kwargs)
 
-    sasa.local_self_attention_2d = broken_local
-    aa.relative_self_attention_2d = broken_relative
+    patch(sasa, "local_self_attention_2d", broken_local)
+    patch(aa, "relative_self_attention_2d", broken_relative)
 
 
 if __name__ == "__main__":
