@@ -161,6 +161,9 @@ def add_aadet_config(cfg):
     # as MODEL.AA's), "none": paper Table 5. "absolute" is a deprecated spelling of "sine2d"
     # (accepted with a warning; validate_aadet_config rewrites it).
     _C.MODEL.SASA.POSITIONAL_ENCODING = "relative"
+    # Initial std of the relative row/column embeddings of the local attention layers (backbone,
+    # FPN, head; not the stem), as a multiple of the papers' dkh ** -0.5. 1.0 = the papers'.
+    _C.MODEL.SASA.RELATIVE_INIT_SCALE = 1.0
     # Stages whose spatial (3x3) convolution is replaced by local attention. Paper Table 1/2:
     # all four; Table 3 explores e.g. ("res4", "res5").
     _C.MODEL.SASA.STAGES = ("res2", "res3", "res4", "res5")
@@ -253,6 +256,8 @@ def check_sasa_config(cfg):
     if sa.KERNEL_SIZE < 1 or sa.KERNEL_SIZE % 2 == 0:
         raise config_error("MODEL.SASA.KERNEL_SIZE", "an odd integer >= 1", sa.KERNEL_SIZE)
     _check_min("MODEL.SASA.NUM_HEADS", sa.NUM_HEADS, 1)
+    if not isinstance(sa.RELATIVE_INIT_SCALE, (int, float)) or not sa.RELATIVE_INIT_SCALE > 0:
+        raise config_error("MODEL.SASA.RELATIVE_INIT_SCALE", "a number > 0", sa.RELATIVE_INIT_SCALE)
     check_one_of(
         "MODEL.SASA.POSITIONAL_ENCODING",
         sa.POSITIONAL_ENCODING,

@@ -331,3 +331,35 @@ def test_training_step_fully_attentional_retinanet(stem):
     with torch.no_grad():
         out = model([{"image": _batch()[0]["image"]}])
     assert out[0]["instances"].image_size == (128, 96)
+
+
+# ----------------------------------------------------------------------------- relative init scale
+def test_relative_init_scale_reaches_every_local_attention_layer():
+    """MODEL.SASA.RELATIVE_INIT_SCALE multiplies the relative tables' initial std in the backbone,
+    the attentional FPN and head (same seed: exactly scale x the default tables); the stem keeps its own."""
+
+    def build(scale):
+        cfg = small_cfg(RELATIVE_INIT_SCALE=scale)
+        cfg.MODEL.FPN.SPATIAL_LAYER = "attention"
+        cfg.MODEL.RETINANET.HEAD_NAME = "AttentionRetinaNetHead"
+        torch.manual_seed(0)
+        return build_model(cfg)
+
+    default, scaled = build(1.0), build(3.0)
+    layers = [n for n, m in default.named_modules() if isinstance(m, LocalSelfAttention2d)]
+    assert any(".fpn_output" in n for n in layers) and any("head." in n for n in layers)
+    assert any("res2" in n for n in layers)
+    d, s = dict(default.named_modules()), dict(scaled.named_modules())
+    for n in layers:
+        torch.testing.assert_close(s[n].rel_h, 3.0 * d[n].rel_h, msg=n)
+        torch.testing.assert_close(s[n].rel_w, 3.0 * d[n].rel_w, msg=n)
+    dkh = d[layers[0]].head_channels
+    assert d[layers[0]].rel_h.std().item() == pytest.approx(dkh ** -0.5, rel=0.6)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_relative_init_scale_must_be_positive(scale):
+    with pytest.raises(ConfigValueError, match=r"MODEL\.SASA\.RELATIVE_INIT_SCALE must be a number > 0"):
+        build_model(small_cfg(RELATIVE_INIT_SCALE=scale))
+    with pytest.raises(ValueError, match="relative_init_scale must be > 0"):
+        LocalSelfAttention2d(16, 16, relative_init_scale=scale)

@@ -83,8 +83,8 @@ class LocalSelfAttention2d(nn.Module):
     Positional encodings (paper Table 5):
 
     * ``"relative"``: ``rel_h [k, dkh//2]`` and ``rel_w [k, dkh - dkh//2]``, shared by all heads,
-      initialised ``N(0, dkh ** -0.5)`` (the initializer of the AA/SASA reference code: the
-      relative logits start an order of magnitude below the content logits);
+      initialised ``N(0, (relative_init_scale * dkh ** -0.5) ** 2)`` (scale 1: the initializer
+      of the AA/SASA reference code, the relative logits start below the content logits);
     * ``"sine2d"`` (formerly ``"absolute"``): the 2D sine encoding of the Image Transformer
       (:func:`aadet.layers.position_encoding.sine_2d`, integer pixel positions of this map) is
       added to the input of the query and key projections, not of the values;
@@ -106,6 +106,8 @@ class LocalSelfAttention2d(nn.Module):
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).
+        relative_init_scale: multiplies the relative embeddings' initial std ``dkh ** -0.5``
+            (> 0; 1 = the papers'). Larger values start the windows position-selective.
         activation: callable applied last (e.g. ``F.relu``).
     """
 
@@ -123,6 +125,7 @@ class LocalSelfAttention2d(nn.Module):
         bias: bool = False,
         norm: Optional[nn.Module] = None,
         activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        relative_init_scale: float = 1.0,
     ):
         super().__init__()
         _check_positive_int("in_channels", in_channels)
@@ -149,6 +152,8 @@ class LocalSelfAttention2d(nn.Module):
                 "positional_encoding='relative' needs at least 2 channels per head "
                 f"(out_channels / num_heads); got out_channels={out_channels}, num_heads={num_heads}"
             )
+        if not isinstance(relative_init_scale, (int, float)) or not relative_init_scale > 0:
+            raise ValueError(f"relative_init_scale must be > 0; got {relative_init_scale!r}")
         if impl not in LOCAL_ATTENTION_IMPLS:
             raise ValueError(f"impl must be one of {LOCAL_ATTENTION_IMPLS}; got {impl!r}")
 
@@ -168,8 +173,9 @@ class LocalSelfAttention2d(nn.Module):
         for proj in (self.query, self.key, self.value):
             nn.init.normal_(proj.weight, std=in_channels ** -0.5)
         if positional_encoding == "relative":
-            self.rel_h = nn.Parameter(torch.randn(kernel_size, dkh // 2) * dkh ** -0.5)
-            self.rel_w = nn.Parameter(torch.randn(kernel_size, dkh - dkh // 2) * dkh ** -0.5)
+            std = relative_init_scale * dkh ** -0.5
+            self.rel_h = nn.Parameter(torch.randn(kernel_size, dkh // 2) * std)
+            self.rel_w = nn.Parameter(torch.randn(kernel_size, dkh - dkh // 2) * std)
         else:
             self.register_parameter("rel_h", None)
             self.register_parameter("rel_w", None)

@@ -45,7 +45,7 @@ class AttentionRetinaNetHead(RetinaNetHead):
     """``RetinaNetHead`` whose tower convs are local self-attention (prediction convs kept).
 
     Takes ``RetinaNetHead``'s arguments plus the attention's ``kernel_size``, ``num_heads``,
-    ``positional_encoding``, ``block_size`` and ``impl``. ``forward(features)`` is unchanged:
+    ``positional_encoding``, ``block_size``, ``impl`` and ``relative_init_scale``. ``forward(features)`` is unchanged:
     per level ``[B, C, Hi, Wi]`` -> ``(logits [B, A*K, Hi, Wi], bbox_reg [B, A*4, Hi, Wi])``.
     """
 
@@ -58,11 +58,13 @@ class AttentionRetinaNetHead(RetinaNetHead):
         positional_encoding: str = "relative",
         block_size: int = 8,
         impl: str = "auto",
+        relative_init_scale: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         attention = dict(kernel_size=kernel_size, num_heads=num_heads,
-                         positional_encoding=positional_encoding, block_size=block_size, impl=impl)
+                         positional_encoding=positional_encoding, block_size=block_size, impl=impl,
+                         relative_init_scale=relative_init_scale)
         for tower in (self.cls_subnet, self.bbox_subnet):
             for i, layer in enumerate(tower):
                 if isinstance(layer, nn.Conv2d):

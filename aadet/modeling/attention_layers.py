@@ -46,7 +46,7 @@ def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
 
 def sasa_layer_kwargs(cfg) -> dict:
     """:class:`LocalSelfAttention2d` arguments from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
-    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}`` (checked; ``"absolute"`` becomes ``"sine2d"``)."""
+    POSITIONAL_ENCODING, RELATIVE_INIT_SCALE, BLOCK_SIZE, IMPL}`` (checked; ``"absolute"`` becomes ``"sine2d"``)."""
     check_sasa_config(cfg)
     sa = cfg.MODEL.SASA
     return dict(
@@ -55,6 +55,7 @@ def sasa_layer_kwargs(cfg) -> dict:
         positional_encoding=sasa_positional_encoding(cfg),
         block_size=sa.BLOCK_SIZE,
         impl=sa.IMPL,
+        relative_init_scale=float(sa.RELATIVE_INIT_SCALE),
     )
 
 

@@ -46,6 +46,7 @@ def convert_fpn_to_attention(
     positional_encoding: str = "relative",
     block_size: int = 8,
     impl: str = "auto",
+    relative_init_scale: float = 1.0,
     top_block: bool = False,
 ) -> FPN:
     """Replace ``fpn``'s 3x3 output convs, and its P6/P7 convs if ``top_block``, in place.
@@ -54,7 +55,8 @@ def convert_fpn_to_attention(
     another top block (e.g. ``LastLevelMaxPool``) has no convolution and is left alone.
     """
     opts = dict(kernel_size=kernel_size, num_heads=num_heads,
-                positional_encoding=positional_encoding, block_size=block_size, impl=impl)
+                positional_encoding=positional_encoding, block_size=block_size, impl=impl,
+                relative_init_scale=relative_init_scale)
     for name, module in list(fpn.named_children()):
         if not name.startswith("fpn_output"):
             continue

@@ -55,7 +55,8 @@ class SASABottleneckBlock(BottleneckBlock):
     convolution it replaces (its norm; value projection initialised with ``c2_msra_fill``).
 
     Args (in addition to ``BottleneckBlock``'s):
-        kernel_size, num_heads, positional_encoding, block_size, impl: of the attention layer.
+        kernel_size, num_heads, positional_encoding, block_size, impl, relative_init_scale: of the
+            attention layer.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class SASABottleneckBlock(BottleneckBlock):
         positional_encoding="relative",
         block_size=8,
         impl="auto",
+        relative_init_scale=1.0,
     ):
         if num_groups != 1:
             raise ValueError(f"SASABottleneckBlock needs num_groups=1; got {num_groups}")
@@ -98,6 +100,7 @@ class SASABottleneckBlock(BottleneckBlock):
             positional_encoding=positional_encoding,
             block_size=block_size,
             impl=impl,
+            relative_init_scale=relative_init_scale,
         )
 
 
