@@ -94,6 +94,22 @@ def test_synthetic_tiles_are_deterministic_and_in_range(tiles, tmp_path):
     assert s.boxes_per_image.min() >= 4 and s.boxes_per_image.max() <= 12
 
 
+def test_object_coverage_is_computed_only_where_it_is_not_zero():
+    """Objects are drawn on their window of the tile (large fields stay cheap): the window holds
+    every non-zero pixel of the coverage computed over the whole tile, with the same values."""
+    from aadet.data.synthetic import _ellipse_mask
+
+    size = 64
+    full = (slice(0, size), slice(0, size))
+    for cx, cy, rx, ry in [(10.3, 20.7, 1.5, 4.5), (0.4, 63.2, 6.0, 2.0), (32.0, 32.0, 0.6, 0.6),
+                           (50.5, 5.5, 18.0, 6.0)]:
+        whole, _ = _ellipse_mask(size, cx, cy, rx, ry, full)
+        local, window = _ellipse_mask(size, cx, cy, rx, ry)
+        placed = np.zeros_like(whole)
+        placed[window] = local
+        np.testing.assert_array_equal(placed, whole)
+        assert local.size < whole.size and whole.max() > 0
+
 # ---------------------------------------------------------------- suggestion math
 def test_scale_brings_small_objects_to_two_strides():
     # 4 px objects in 128 px tiles: scale 16 / 4 = 4 -> 512 px; finest anchor 16 = 2 x stride 8

@@ -50,12 +50,26 @@ def _texture(rng: np.random.RandomState, size: int) -> np.ndarray:
     return base[:, :, None] * tint + rng.normal(0.0, 6.0, (size, size, 3)).astype(np.float32)
 
 
-def _ellipse_mask(size: int, cx: float, cy: float, rx: float, ry: float) -> np.ndarray:
-    """Anti-aliased coverage (0-1) of an axis-aligned ellipse, ``[size, size]``."""
-    ys, xs = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5  # pixel centres
-    r = np.sqrt(((xs - cx) / rx) ** 2 + ((ys - cy) / ry) ** 2)  # 1 on the ellipse
+def _ellipse_mask(size: int, cx: float, cy: float, rx: float, ry: float, window=None):
+    """Anti-aliased coverage (0-1) of an axis-aligned ellipse in a ``size`` x ``size`` tile,
+    on ``window`` (row and column slices) if given.
+
+    Returns:
+        ``(coverage [h, w] float32, (row slice, column slice))``: the coverage on the window of
+        the tile where it can be non-zero (zero everywhere else), so that a large tile with
+        hundreds of objects costs what its objects cover, not objects x tile.
+    """
     edge = 1.0 / max(min(rx, ry), 0.5)  # one pixel, in normalized radius
-    return np.clip((1.0 - r) / edge + 0.5, 0.0, 1.0)
+    reach = 1.0 + edge / 2.0 + 1e-3  # coverage is zero at normalized radius >= 1 + edge / 2
+    if window is None:
+        window = (
+            slice(max(int(math.floor(cy - ry * reach)), 0), min(int(math.ceil(cy + ry * reach)) + 1, size)),
+            slice(max(int(math.floor(cx - rx * reach)), 0), min(int(math.ceil(cx + rx * reach)) + 1, size)),
+        )
+    (y0, y1), (x0, x1) = (window[0].start, window[0].stop), (window[1].start, window[1].stop)
+    ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float32) + 0.5  # pixel centres
+    r = np.sqrt(((xs - cx) / rx) ** 2 + ((ys - cy) / ry) ** 2)  # 1 on the ellipse
+    return np.clip((1.0 - r) / edge + 0.5, 0.0, 1.0), window
 
 
 def render_tile(
@@ -90,13 +104,13 @@ def render_tile(
         ):
             continue  # overlaps (with a 1 px gap) an object already placed
         cx, cy, rx, ry = x0 + w / 2, y0 + h / 2, w / 2, h / 2
-        mask = _ellipse_mask(size, cx, cy, rx, ry)
+        mask, window = _ellipse_mask(size, cx, cy, rx, ry)
         brightness = rng.uniform(70.0, 120.0)
         if rng.rand() < ring_fraction and min(w, h) >= 8:
-            inner = _ellipse_mask(size, cx, cy, max(rx - 2.0, 0.5), max(ry - 2.0, 0.5))
+            inner, _ = _ellipse_mask(size, cx, cy, max(rx - 2.0, 0.5), max(ry - 2.0, 0.5), window)
             mask = mask - 0.7 * inner  # bright wall, dim inside
         colour = np.array([1.0, 0.95, 0.6], np.float32) * brightness  # yellowish fluorescence
-        image += mask[:, :, None] * colour
+        image[window] += mask[:, :, None] * colour
         boxes.append(box)
     blurred = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).filter(
         ImageFilter.GaussianBlur(0.7)
