@@ -227,13 +227,13 @@ def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the suggestion must pay off
-# The demo recipe (AdamW 2e-3, batch 8) shortened to 96 iterations: 96 epochs of 8 fields.
-SHORT = ["SOLVER.EPOCHS", "96", "SOLVER.STEPS_EPOCHS", "(72, 90)", "SOLVER.WARMUP_ITERS", "30",
+# The demo recipe (AdamW 2e-3, batch 8) shortened to 48 iterations: 48 epochs of 8 fields.
+SHORT = ["SOLVER.EPOCHS", "48", "SOLVER.STEPS_EPOCHS", "(36, 45)", "SOLVER.WARMUP_ITERS", "30",
          "MODEL.DEVICE", "cpu"]
 
 
-MIN_SUGGESTED_AP50 = 40.0
-MIN_GAIN = 25.0
+MIN_SUGGESTED_AP50 = 25.0
+MIN_GAIN = 15.0
 
 
 def _train(config, out, opts, env):
@@ -255,11 +255,13 @@ def test_suggested_recipe_learns_better(tmp_path):
     The demo conv config with its guessed recipe (long side 320-480, so the fields shrink to
     0.5-0.75x and 3 px cells to 2 px; anchors 16-101; 100 detections per image for 150-200
     objects) against the config ``check_dataset.py --write`` suggests (scale 1.6x, test side 1024,
-    anchors 16-102 from 2 strides of P3, one square ratio, 382 detections), same 96 iterations.
+    anchors 16-102 from 2 strides of P3, one square ratio, 382 detections), same 48 iterations.
 
-    Measured 2026-11-23 on 2 cores (default threads), this test: demo recipe AP50 8.76 (AP 2.0; the
-    same 8.76 in a separate run on the same machine), suggestion 57.3 (AP 30.1); 8 min 49 s for both
-    trainings. Thresholds: the suggestion reaches AP50 40 and beats the guess by 25 points. (On
+    Measured 2026-11-23 on 2 cores (default threads), this test: demo recipe AP50 5.3, suggestion
+    35.0; twice as long (96 iterations, 8 min 49 s for both trainings): 8.76 (the same 8.76 in a
+    separate run on the same machine) and 57.3. Thresholds: the suggestion reaches AP50 25 and
+    beats the guess by 15 points: the demo's own recipe fails them, as would one-stride anchors
+    (AP50 0.0 on 320 px tiles). (On
     128 px tiles of the same objects the demo's own resize already enlarges them 2.5-3.75x: demo
     recipe 94.7, suggestion 91.4, one seed each; there the guess happens to fit.)"""
     import check_dataset
