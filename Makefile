@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo test test-fast docs clean-demo gpu-check
+.PHONY: setup data demo test test-fast test-learning docs clean-demo gpu-check
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -24,12 +24,17 @@ demo: data
 	$(PY) tools/visualize_detections.py --config-file $(DEMO_CONFIG) --dataset trees_val \
 	    --weights $(DEMO_OUT)/model_final.pth --output $(DEMO_OUT)/vis --max-images 6 --show-gt
 
+# Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
+# when a change touches attention, training or the recipe. CI (.ci/run) runs test, then test-learning.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not learning" tests
 
-# The suite without the tests marked slow (short trainings): a few minutes on 2 CPU cores.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow and not learning" tests
+
+# The short trainings that must reach an AP on the demo data and on generated fields.
+test-learning: setup
+	$(PY) -m pytest -q -m learning tests
 
 # Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and paste it into the README.
 docs: setup

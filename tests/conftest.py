@@ -47,8 +47,9 @@ def trees_root(wheel):
 
 
 # Slow tests in files other parts own, marked here in one place (in a file one owns,
-# `@pytest.mark.slow` on the test does the same, as tests/test_training.py and test_visualize.py
-# do). A node id without "[" marks every parametrization; with "[" it is a prefix of the ids.
+# `@pytest.mark.slow` on the test does the same, as tests/test_visualize.py does; the trainings
+# that assert an AP are marked `learning` instead, in their files). A node id without "[" marks
+# every parametrization; with "[" it is a prefix of the ids.
 # Seconds: measured in one run of the whole suite on a heavily shared 2-core machine (about 4x
 # the unloaded time); together these were two thirds of the suite's time.
 SLOW_TESTS = {

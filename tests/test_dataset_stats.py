@@ -248,7 +248,7 @@ def _train(config, out, opts, env):
     return [r for r in rows if "bbox/AP50" in r][-1]["bbox/AP50"]
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_suggested_recipe_learns_better(tmp_path):
     """A user's microscopy fields, not cut into tiles: 640 px images with 150-200 cells and rods
     of 3-38 px each (:mod:`aadet.data.synthetic`, data seed 0), 8 for training and 4 for val.

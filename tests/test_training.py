@@ -41,7 +41,7 @@ def read_metrics(out):
     return evals[-1], losses
 
 
-@pytest.mark.slow  # 2-4 minutes each on 2 cores
+@pytest.mark.learning  # 3-10 minutes each on 2 cores (README: Learning tests)
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_short_training_learns(name, trees_root, tmp_path):
     config, overrides, min_ap50 = RUNS[name]
