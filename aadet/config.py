@@ -349,6 +349,13 @@ def validate_aadet_config(cfg):
     if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
         raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
+    aug = cfg.TEST.AUG  # Detectron2's keys; aadet.modeling.RetinaNetWithTTA reads them
+    if aug.ENABLED:
+        if not len(aug.MIN_SIZES) or any(int(m) <= 0 for m in aug.MIN_SIZES):
+            raise config_error(
+                "TEST.AUG.MIN_SIZES", "one or more sizes > 0 when TEST.AUG.ENABLED", tuple(aug.MIN_SIZES)
+            )
+        _check_min("TEST.AUG.MAX_SIZE", aug.MAX_SIZE, 1)
     _check_min("SOLVER.WARMUP_EPOCHS", s.WARMUP_EPOCHS, 0)
     if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
         raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)

@@ -11,13 +11,18 @@ Differences from ``DefaultTrainer``, each for a reason:
 * optimizer: ``SOLVER.OPTIMIZER`` (SGD as Detectron2's, or AdamW; :mod:`aadet.engine.optimizer`);
 * metrics written every ``SOLVER.LOG_PERIOD`` iterations (Detectron2 hard-codes 20);
 * with ``TEST.ATTENTION_STATS_PERIOD > 0``, per-layer attention statistics in the metrics
-  (:class:`~aadet.engine.hooks.AttentionStatsHook`).
+  (:class:`~aadet.engine.hooks.AttentionStatsHook`);
+* with ``TEST.AUG.ENABLED``, a test-time-augmented evaluation after training as well
+  (:meth:`Trainer.test_with_TTA`, results under ``bbox_TTA``), as Detectron2's ``train_net.py``
+  does for R-CNNs, here for RetinaNet (:class:`~aadet.modeling.RetinaNetWithTTA`).
 The Detectron2 internals this needs are wrapped in :mod:`aadet.engine.d2compat`.
 A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
 ``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
 """
+import logging
 import os
 import weakref
+from collections import OrderedDict
 
 from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
 from detectron2.data.common import DatasetFromList
@@ -27,6 +32,7 @@ from detectron2.utils.events import CommonMetricPrinter, JSONWriter, Tensorboard
 
 from ..data.augmentation import build_augmentation
 from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
+from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 from .hooks import AttentionStatsHook
@@ -107,6 +113,21 @@ class Trainer(DefaultTrainer):
             use_fast_impl=_has_fast_coco_eval(),
         )
 
+    @classmethod
+    def test_with_TTA(cls, cfg, model):
+        """Evaluate ``model`` with test-time augmentation (``TEST.AUG.*``) on ``DATASETS.TEST``;
+        results keyed ``"<task>_TTA"`` (``bbox_TTA``), as in Detectron2's ``train_net.py``."""
+        logging.getLogger(__name__).info(
+            "Running inference with test-time augmentation: sizes %s, max %d, flip %s",
+            tuple(cfg.TEST.AUG.MIN_SIZES), cfg.TEST.AUG.MAX_SIZE, cfg.TEST.AUG.FLIP,
+        )
+        evaluators = [
+            cls.build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference_TTA", name))
+            for name in cfg.DATASETS.TEST
+        ]
+        res = cls.test(cfg, RetinaNetWithTTA(cfg, model), evaluators)
+        return OrderedDict((k + "_TTA", v) for k, v in res.items())
+
     def build_hooks(self):
         # Swap Detectron2's checkpointer for the atomic/strict one before hooks capture it.
         old = self.checkpointer
@@ -144,4 +165,10 @@ class Trainer(DefaultTrainer):
                 (i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret)
             )
             ret.insert(idx, AttentionStatsHook(period))
+        if self.cfg.TEST.AUG.ENABLED and len(self.cfg.DATASETS.TEST):
+            # After training (period 0), before the writer so the results reach metrics.json.
+            idx = next(
+                (i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret)
+            )
+            ret.insert(idx, hooks.EvalHook(0, lambda: self.test_with_TTA(self.cfg, self.model)))
         return ret
