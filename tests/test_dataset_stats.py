@@ -227,9 +227,10 @@ def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the suggestion must pay off
-# The demo recipe (AdamW 2e-3, batch 8) shortened to 48 iterations: 48 epochs of 8 fields.
+# The shared demo recipe (Base-Trees.yaml: AdamW 2e-3, batch 8) shortened to 48 iterations: 48 epochs
+# of 8 fields.
 SHORT = ["SOLVER.EPOCHS", "48", "SOLVER.STEPS_EPOCHS", "(36, 45)", "SOLVER.WARMUP_ITERS", "30",
-         "MODEL.DEVICE", "cpu"]
+         "SOLVER.IMS_PER_BATCH", "8", "MODEL.DEVICE", "cpu"]
 
 
 MIN_SUGGESTED_AP50 = 25.0
