@@ -160,15 +160,12 @@ class Trainer(DefaultTrainer):
                 ),
             )
         period = self.cfg.TEST.ATTENTION_STATS_PERIOD
-        if period > 0:  # before the writer, which then writes the iteration's scalars
-            idx = next(
-                (i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret)
-            )
-            ret.insert(idx, AttentionStatsHook(period))
-        if self.cfg.TEST.AUG.ENABLED and len(self.cfg.DATASETS.TEST):
-            # After training (period 0), before the writer so the results reach metrics.json.
-            idx = next(
-                (i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret)
-            )
-            ret.insert(idx, hooks.EvalHook(0, lambda: self.test_with_TTA(self.cfg, self.model)))
+        # Before the writer, so that what these hooks put in the storage reaches metrics.json.
+        extra = []
+        if period > 0:
+            extra.append(AttentionStatsHook(period))
+        if self.cfg.TEST.AUG.ENABLED and len(self.cfg.DATASETS.TEST):  # after training (period 0)
+            extra.append(hooks.EvalHook(0, lambda: self.test_with_TTA(self.cfg, self.model)))
+        idx = next((i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret))
+        ret[idx:idx] = extra
         return ret

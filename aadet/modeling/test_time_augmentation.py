@@ -39,7 +39,6 @@ class RetinaNetWithTTA(nn.Module):
             model = model.module
         if batch_size < 1:
             raise ValueError(f"RetinaNetWithTTA: batch_size must be >= 1, got {batch_size}")
-        self.cfg = cfg.clone()
         self.model = model
         self.tta_mapper = DatasetMapperTTA(cfg) if tta_mapper is None else tta_mapper
         self.batch_size = batch_size
