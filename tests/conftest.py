@@ -62,6 +62,7 @@ SLOW_TESTS = {
     "tests/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
     "tests/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
     "tests/test_tta.py::test_training_and_eval_only_report_bbox_tta": 88,
+    "tests/test_ema.py::test_training_and_eval_only_evaluate_the_average": 80,
     "tests/test_reliability.py::test_kill_and_resume_matches_uninterrupted_run": 93,
     "tests/test_reliability.py::test_same_seed_same_losses": 42,
     "tests/test_reliability.py::test_training_from_other_weights_needs_the_explicit_flag": 40,

@@ -34,9 +34,10 @@ def main(args):
     if args.eval_only:
         model = Trainer.build_model(cfg)
         # Strict: a checkpoint that does not match the config is an error, not random weights.
-        AADetCheckpointer(model, save_dir=cfg.OUTPUT_DIR, strict=True).resume_or_load(
-            cfg.MODEL.WEIGHTS, resume=args.resume
-        )
+        # With MODEL_EMA.ENABLED, the weights evaluated are the checkpoint's moving average.
+        AADetCheckpointer(
+            model, save_dir=cfg.OUTPUT_DIR, strict=True, ema_weights=cfg.MODEL_EMA.ENABLED
+        ).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         res = Trainer.test(cfg, model)
         if cfg.TEST.AUG.ENABLED:
             res.update(Trainer.test_with_TTA(cfg, model))

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 from ..layers.functional import block_padding_mask, local_attention_probs_2d
+from ..utils.modules import unwrap_model
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
@@ -212,10 +213,9 @@ def attention_layers(model: nn.Module) -> Dict[str, nn.Module]:
     """The attention layers of ``model`` (:data:`ATTENTION_LAYER_TYPES`) by module path, in
     ``named_modules`` order. A ``DistributedDataParallel`` / ``DataParallel`` wrapper is looked
     through, so the names are those of the bare model (no ``module.`` prefix)."""
-    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
     return {
-        name: m for name, m in model.named_modules() if isinstance(m, ATTENTION_LAYER_TYPES)
+        name: m for name, m in unwrap_model(model).named_modules()
+        if isinstance(m, ATTENTION_LAYER_TYPES)
     }
 
 

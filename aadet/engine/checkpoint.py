@@ -9,6 +9,9 @@ evaluation that is not good enough:
   the same way: a crash at any moment leaves the previous complete checkpoint as "last".
 * With ``strict=True`` a checkpoint whose parameters do not match the model (missing, unexpected or
   differently shaped keys) raises :class:`CheckpointMismatchError` listing every mismatch.
+* With ``ema_weights=True`` (inference with ``MODEL_EMA.ENABLED``) the model gets the checkpoint's
+  moving-average weights (``checkpoint["model_ema"]``, :class:`aadet.engine.ema.ModelEMA`) instead
+  of ``checkpoint["model"]``; a checkpoint without them is an error.
 """
 import os
 import tempfile
@@ -46,9 +49,12 @@ def atomic_torch_save(obj, path: str):
 class AADetCheckpointer(DetectionCheckpointer):
     """DetectionCheckpointer with atomic saves and an optional strict load (see module doc)."""
 
-    def __init__(self, model, save_dir: str = "", *, strict: bool = False, **kwargs):
+    def __init__(
+        self, model, save_dir: str = "", *, strict: bool = False, ema_weights: bool = False, **kwargs
+    ):
         super().__init__(model, save_dir, **kwargs)
         self.strict = strict
+        self.ema_weights = ema_weights
 
     def _is_local(self) -> bool:
         return bool(self.save_dir) and "://" not in self.save_dir
@@ -75,6 +81,16 @@ class AADetCheckpointer(DetectionCheckpointer):
         _atomic_write(path, lambda f: f.write(last_filename_basename), mode="w")
 
     def _load_model(self, checkpoint):
+        if self.ema_weights:
+            if "model_ema" not in checkpoint:
+                raise CheckpointMismatchError(
+                    "MODEL_EMA.ENABLED is True but the checkpoint has no moving-average weights "
+                    "(it was trained without MODEL_EMA.ENABLED); set MODEL_EMA.ENABLED False to use "
+                    "its trained weights."
+                )
+            ema_state = checkpoint["model_ema"]["state"]
+            checkpoint = {k: v for k, v in checkpoint.items() if k != "model_ema"}
+            checkpoint["model"] = dict(ema_state)
         incompatible = super()._load_model(checkpoint)
         if self.strict and incompatible is not None:
             problems = [

@@ -4,6 +4,9 @@
   the gradient/weight ratios of their relative embeddings, into the trainer's event storage (and
   from there metrics.json / TensorBoard). ``Trainer.build_hooks`` adds it when
   ``TEST.ATTENTION_STATS_PERIOD > 0``.
+* :class:`EMAHook`: after every optimizer step, the moving average of the weights
+  (:class:`~aadet.engine.ema.ModelEMA`); ``Trainer.build_hooks`` adds it when
+  ``MODEL_EMA.ENABLED``.
 """
 import logging
 
@@ -15,7 +18,7 @@ from ..analysis.attention_stats import (
     relative_embedding_grad_ratios,
 )
 
-__all__ = ["AttentionStatsHook"]
+__all__ = ["AttentionStatsHook", "EMAHook"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +90,23 @@ class AttentionStatsHook(HookBase):
     def after_train(self):
         if self._collector is not None:
             self._collector.stop()
+
+
+class EMAHook(HookBase):
+    """Update ``ema`` (a :class:`~aadet.engine.ema.ModelEMA` of the trainer's model) after every
+    iteration's optimizer step.
+
+    Before training, an average that has not been updated yet (a new run, not a resumed one)
+    restarts from the model's current weights: those loaded from ``MODEL.WEIGHTS``, not the
+    initialization the average was built from.
+    """
+
+    def __init__(self, ema):
+        self._ema = ema
+
+    def before_train(self):
+        if self._ema.updates == 0:
+            self._ema.reset(self.trainer.model)
+
+    def after_step(self):
+        self._ema.update(self.trainer.model)

@@ -10,7 +10,8 @@ __all__ = ["Predictor"]
 
 class Predictor:
     """Like Detectron2's ``DefaultPredictor``, but a checkpoint that does not match the config is
-    an error (``CheckpointMismatchError``) instead of a warning with random weights.
+    an error (``CheckpointMismatchError``) instead of a warning with random weights; with
+    ``MODEL_EMA.ENABLED`` it loads the checkpoint's moving-average weights.
 
     Call with a ``[H, W, 3]`` uint8 image in ``cfg.INPUT.FORMAT``; returns the model's output dict
     (``"instances"`` in original-image coordinates).
@@ -22,7 +23,7 @@ class Predictor:
         weights = weights if weights is not None else cfg.MODEL.WEIGHTS
         if not weights:
             raise ValueError("no weights given: pass --weights or set MODEL.WEIGHTS")
-        AADetCheckpointer(self.model, strict=True).load(weights)
+        AADetCheckpointer(self.model, strict=True, ema_weights=cfg.MODEL_EMA.ENABLED).load(weights)
         self.aug = T.ResizeShortestEdge(
             [cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST], cfg.INPUT.MAX_SIZE_TEST
         )

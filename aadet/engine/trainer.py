@@ -14,11 +14,15 @@ Differences from ``DefaultTrainer``, each for a reason:
   (:class:`~aadet.engine.hooks.AttentionStatsHook`);
 * with ``TEST.AUG.ENABLED``, a test-time-augmented evaluation after training as well
   (:meth:`Trainer.test_with_TTA`, results under ``bbox_TTA``), as Detectron2's ``train_net.py``
-  does for R-CNNs, here for RetinaNet (:class:`~aadet.modeling.RetinaNetWithTTA`).
+  does for R-CNNs, here for RetinaNet (:class:`~aadet.modeling.RetinaNetWithTTA`);
+* with ``MODEL_EMA.ENABLED``, a moving average of the weights (:class:`~aadet.engine.ema.ModelEMA`,
+  updated by :class:`~aadet.engine.hooks.EMAHook`, checkpointed as ``model_ema`` and restored by
+  ``--resume``) is what every evaluation in training measures.
 The Detectron2 internals this needs are wrapped in :mod:`aadet.engine.d2compat`.
 A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
 ``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
 """
+import contextlib
 import logging
 import os
 import weakref
@@ -35,7 +39,8 @@ from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, Resumab
 from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
-from .hooks import AttentionStatsHook
+from .ema import ModelEMA
+from .hooks import AttentionStatsHook, EMAHook
 from .optimizer import build_optimizer
 
 __all__ = ["Trainer"]
@@ -54,6 +59,9 @@ class Trainer(DefaultTrainer):
 
     # True while DefaultTrainer.build_hooks runs: its PeriodicWriter (period 20) is replaced.
     _defer_writers = False
+
+    #: The moving average of the weights (``MODEL_EMA.ENABLED``), built by :meth:`build_hooks`.
+    model_ema = None
 
     def __init__(self, cfg):
         with ddp_without_device_ids_on_cpu():
@@ -128,7 +136,26 @@ class Trainer(DefaultTrainer):
         res = cls.test(cfg, RetinaNetWithTTA(cfg, model), evaluators)
         return OrderedDict((k + "_TTA", v) for k, v in res.items())
 
+    def evaluated_weights(self):
+        """Context in which ``self.model`` holds the weights that evaluations measure: the moving
+        average with ``MODEL_EMA.ENABLED``, the trained weights otherwise."""
+        if self.model_ema is None:
+            return contextlib.nullcontext(self.model)
+        return self.model_ema.applied_to(self.model)
+
+    def _evaluate(self):
+        # DefaultTrainer.build_hooks' test_and_save_results, on the evaluated weights.
+        with self.evaluated_weights():
+            self._last_eval_results = self.test(self.cfg, self.model)
+        return self._last_eval_results
+
+    def _evaluate_with_TTA(self):
+        with self.evaluated_weights():
+            return self.test_with_TTA(self.cfg, self.model)
+
     def build_hooks(self):
+        ema = self.cfg.MODEL_EMA
+        self.model_ema = ModelEMA(self.model, ema.DECAY) if ema.ENABLED else None
         # Swap Detectron2's checkpointer for the atomic/strict one before hooks capture it.
         old = self.checkpointer
         self.checkpointer = AADetCheckpointer(
@@ -137,6 +164,7 @@ class Trainer(DefaultTrainer):
             strict=not self.allow_mismatched_weights,
             save_to_disk=old.save_to_disk,
             trainer=weakref.proxy(self),
+            **({"model_ema": self.model_ema} if self.model_ema is not None else {}),
         )
         self._defer_writers = True
         try:
@@ -144,11 +172,18 @@ class Trainer(DefaultTrainer):
         finally:
             self._defer_writers = False
         # Detectron2 appends PeriodicWriter(build_writers(), period=20) on the main process only.
+        # Detectron2's EvalHook calls test_and_save_results, which evaluates self.model as is.
         ret = [
             hooks.PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
-            if isinstance(h, hooks.PeriodicWriter) else h
+            if isinstance(h, hooks.PeriodicWriter)
+            else hooks.EvalHook(self.cfg.TEST.EVAL_PERIOD, self._evaluate)
+            if isinstance(h, hooks.EvalHook) else h
             for h in ret
         ]
+        if self.model_ema is not None:
+            # First: the average includes this iteration's step before anything checkpoints or
+            # evaluates it (and IterationTimer counts the update in the iteration's time).
+            ret.insert(0, EMAHook(self.model_ema))
         metric = self.cfg.SOLVER.BEST_CHECKPOINT_METRIC
         if metric and self.cfg.TEST.EVAL_PERIOD > 0 and len(self.cfg.DATASETS.TEST):
             idx = next(i for i, h in enumerate(ret) if isinstance(h, hooks.EvalHook))
@@ -165,7 +200,7 @@ class Trainer(DefaultTrainer):
         if period > 0:
             extra.append(AttentionStatsHook(period))
         if self.cfg.TEST.AUG.ENABLED and len(self.cfg.DATASETS.TEST):  # after training (period 0)
-            extra.append(hooks.EvalHook(0, lambda: self.test_with_TTA(self.cfg, self.model)))
+            extra.append(hooks.EvalHook(0, self._evaluate_with_TTA))
         idx = next((i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret))
         ret[idx:idx] = extra
         return ret

@@ -15,7 +15,8 @@ from detectron2.layers import batched_nms
 from detectron2.modeling import DatasetMapperTTA
 from detectron2.structures import Boxes, Instances
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+
+from ..utils.modules import unwrap_model
 
 __all__ = ["RetinaNetWithTTA"]
 
@@ -35,11 +36,9 @@ class RetinaNetWithTTA(nn.Module):
             batch_size: augmented images per forward pass.
         """
         super().__init__()
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
         if batch_size < 1:
             raise ValueError(f"RetinaNetWithTTA: batch_size must be >= 1, got {batch_size}")
-        self.model = model
+        self.model = unwrap_model(model)
         self.tta_mapper = DatasetMapperTTA(cfg) if tta_mapper is None else tta_mapper
         self.batch_size = batch_size
         self.nms_thresh = cfg.MODEL.RETINANET.NMS_THRESH_TEST
