@@ -36,6 +36,31 @@ def wheel(request, tmp_path_factory):
 
 
 
+@pytest.fixture()
+def hooks_trainer(tmp_path):
+    """``make(cfg, model)``: an ``aadet.engine.Trainer`` with only what ``build_hooks`` reads (no
+    detector, no data): ``model`` trained by SGD, 10 iterations, a checkpointer in ``tmp_path``."""
+    import itertools
+
+    import torch
+    from detectron2.checkpoint import DetectionCheckpointer
+    from detectron2.engine import SimpleTrainer
+
+    from aadet.engine import Trainer
+
+    def make(cfg, model):
+        cfg.OUTPUT_DIR = str(tmp_path)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = Trainer.__new__(Trainer)
+        trainer._trainer = SimpleTrainer(model, itertools.repeat(None), optimizer)
+        trainer.cfg, trainer.max_iter = cfg, 10
+        trainer.scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 5)
+        trainer.checkpointer = DetectionCheckpointer(model, str(tmp_path))
+        return trainer
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def trees_root(wheel):
     """The demo dataset under ``$AADET_DATASETS`` or ``./datasets`` (built once, idempotent, shared

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.engine import SimpleTrainer, hooks
 from torch import nn
 
@@ -19,7 +18,7 @@ from aadet.analysis import (
     stem_attention_perplexity,
 )
 from aadet.config import ConfigValueError, validate_aadet_config
-from aadet.engine import AttentionStatsHook, Trainer, get_aadet_cfg
+from aadet.engine import AttentionStatsHook, get_aadet_cfg
 from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 from aadet.layers.functional import local_attention_probs_2d
 
@@ -184,17 +183,10 @@ def test_hook_is_a_no_op_without_attention_layers():
     assert not [n for n in storage.histories() if n.startswith("attn/")]
 
 
-def test_trainer_adds_the_hook_before_the_writer(tmp_path):
+def test_trainer_adds_the_hook_before_the_writer(hooks_trainer):
     cfg = get_aadet_cfg()
-    cfg.OUTPUT_DIR = str(tmp_path)
     cfg.TEST.EVAL_PERIOD, cfg.TEST.ATTENTION_STATS_PERIOD = 0, 5
-    model = nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer.__new__(Trainer)  # only what build_hooks reads: no detector, no data
-    trainer._trainer = SimpleTrainer(model, itertools.repeat(None), optimizer)
-    trainer.cfg, trainer.max_iter = cfg, 10
-    trainer.scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 5)
-    trainer.checkpointer = DetectionCheckpointer(model, str(tmp_path))
+    trainer = hooks_trainer(cfg, nn.Linear(1, 1))
     kinds = [type(h) for h in trainer.build_hooks()]
     assert kinds.index(AttentionStatsHook) == kinds.index(hooks.PeriodicWriter) - 1
     cfg.TEST.ATTENTION_STATS_PERIOD = 0

@@ -1,7 +1,6 @@
 """Moving average of the weights (``MODEL_EMA.*``, :class:`aadet.engine.ema.ModelEMA`): the update
 formula in float64, swapping in and out, checkpoints, and that training's evaluation and
 ``--eval-only`` measure the averaged weights."""
-import itertools
 import json
 import os
 import subprocess
@@ -9,8 +8,7 @@ import sys
 
 import pytest
 import torch
-from detectron2.checkpoint import DetectionCheckpointer
-from detectron2.engine import SimpleTrainer, hooks
+from detectron2.engine import hooks
 from torch import nn
 
 from aadet.config import ConfigValueError, validate_aadet_config
@@ -106,17 +104,11 @@ def test_checkpointer_loads_the_average_with_ema_weights(tmp_path):
         AADetCheckpointer(fresh, strict=True, ema_weights=True).load(str(tmp_path / "plain.pth"))
 
 
-def test_trainer_updates_first_checkpoints_and_evaluates_the_average(tmp_path, monkeypatch):
+def test_trainer_updates_first_checkpoints_and_evaluates_the_average(hooks_trainer, monkeypatch):
     cfg = get_aadet_cfg()
-    cfg.OUTPUT_DIR = str(tmp_path)
     cfg.TEST.EVAL_PERIOD, cfg.MODEL_EMA.ENABLED, cfg.MODEL_EMA.DECAY = 2, True, 0.9
     model = nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer.__new__(Trainer)  # only what build_hooks reads: no detector, no data
-    trainer._trainer = SimpleTrainer(model, itertools.repeat(None), optimizer)
-    trainer.cfg, trainer.max_iter = cfg, 10
-    trainer.scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 5)
-    trainer.checkpointer = DetectionCheckpointer(model, str(tmp_path))
+    trainer = hooks_trainer(cfg, model)
     built = trainer.build_hooks()
     assert isinstance(built[0], EMAHook)  # before the timer's, checkpointer's and evaluation's after_step
     assert trainer.checkpointer.checkpointables["model_ema"] is trainer.model_ema
