@@ -111,6 +111,13 @@ def add_aadet_config(cfg):
     # The decay of update t is min(DECAY, (1 + t) / (10 + t)) (TensorFlow's num_updates warm-up):
     # in runs shorter than ~(10 DECAY - 1) / (1 - DECAY) updates (4490 for 0.998) the warm-up term
     # sets it, averaging roughly the last tenth of training.
+    # Box voting at inference (aadet.modeling.box_voting; Detectron's TEST.BBOX_VOTE, scoring "ID"):
+    # each box NMS keeps becomes the score-weighted mean of the pre-NMS boxes of its class with IoU
+    # >= VOTE_TH with it (itself included); scores unchanged. Applies wherever the model infers
+    # (evaluation, TTA's merge, the predictor, exports). Not in the papers, so off by default.
+    _C.TEST.BBOX_VOTE = CN()
+    _C.TEST.BBOX_VOTE.ENABLED = False
+    _C.TEST.BBOX_VOTE.VOTE_TH = 0.8  # in (0, 1]; Detectron's default
     _C.MODEL_EMA = CN()
     _C.MODEL_EMA.ENABLED = False
     _C.MODEL_EMA.DECAY = 0.998  # in [0, 1); the average spans ~1 / (1 - DECAY) iterations
@@ -362,6 +369,10 @@ def validate_aadet_config(cfg):
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     if not 0.0 <= float(cfg.MODEL_EMA.DECAY) < 1.0:
         raise config_error("MODEL_EMA.DECAY", "in [0, 1)", cfg.MODEL_EMA.DECAY)
+    from .modeling.box_voting import VOTE_THRESH_ALLOWED, is_valid_vote_thresh
+
+    if not is_valid_vote_thresh(cfg.TEST.BBOX_VOTE.VOTE_TH):
+        raise config_error("TEST.BBOX_VOTE.VOTE_TH", VOTE_THRESH_ALLOWED, cfg.TEST.BBOX_VOTE.VOTE_TH)
     aug = cfg.TEST.AUG  # Detectron2's keys; aadet.modeling.RetinaNetWithTTA reads them
     if aug.ENABLED:
         if not len(aug.MIN_SIZES) or any(int(m) <= 0 for m in aug.MIN_SIZES):

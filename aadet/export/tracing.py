@@ -13,7 +13,8 @@ The exported graph takes one image and returns the detections, exactly what
 
 (the order of Detectron2's flattened ``Instances``: its fields sorted by name, then the size).
 Normalization, padding to the backbone's size divisibility, anchors, box decoding, the score
-threshold, NMS and the top-k cut are inside the graph, as in Detectron2's tracing export.
+threshold, NMS, the top-k cut and box voting (``TEST.BBOX_VOTE``) are inside the graph, as in
+Detectron2's tracing export.
 
 Traces are specialized to the sample's ``H x W``: the attention layers' relative-position tables
 and block layouts, and the anchors, are computed from the map sizes at trace time. ONNX files
@@ -39,6 +40,7 @@ from detectron2.export import TracingAdapter
 from detectron2.modeling.meta_arch.retinanet import RetinaNet
 
 from ..config import ConfigValueError
+from ..modeling.box_voting import bbox_vote_thresh
 
 __all__ = [
     "DEFAULT_ONNX_OPSET",
@@ -210,6 +212,7 @@ def _write_metadata(cfg, path: str, fmt: str, hw: Tuple[int, int], opset: int) -
         "score_thresh_test": cfg.MODEL.RETINANET.SCORE_THRESH_TEST,
         "nms_thresh_test": cfg.MODEL.RETINANET.NMS_THRESH_TEST,
         "detections_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
+        "bbox_vote_thresh": bbox_vote_thresh(cfg),  # 0 = off
         "opset": opset if fmt == "onnx" else None,
         "torch": torch.__version__,
     }

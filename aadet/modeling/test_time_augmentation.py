@@ -5,7 +5,8 @@ follows it: the same augmented inputs (``DatasetMapperTTA``: each ``TEST.AUG.MIN
 each with a horizontal flip when ``TEST.AUG.FLIP``), each run through the detector, its boxes
 mapped back to the original image by the inverse of the input's transforms, and the union merged
 by class-wise NMS (``MODEL.RETINANET.NMS_THRESH_TEST``) down to ``TEST.DETECTIONS_PER_IMAGE``,
-the same post-processing one pass ends with. Its ``forward`` takes and returns what the
+the same post-processing one pass ends with (box voting too, over the union of the passes'
+detections, when ``TEST.BBOX_VOTE.ENABLED``). Its ``forward`` takes and returns what the
 detector's does in eval mode, so ``inference_on_dataset`` and evaluators need no change.
 """
 from typing import Dict, List
@@ -17,6 +18,7 @@ from detectron2.structures import Boxes, Instances
 from torch import nn
 
 from ..utils.modules import unwrap_model
+from .box_voting import bbox_vote_thresh, box_voting
 
 __all__ = ["RetinaNetWithTTA"]
 
@@ -28,8 +30,8 @@ class RetinaNetWithTTA(nn.Module):
     def __init__(self, cfg, model: nn.Module, tta_mapper=None, batch_size: int = 3):
         """
         Args:
-            cfg: the config; ``TEST.AUG.*``, ``MODEL.RETINANET.NMS_THRESH_TEST`` and
-                ``TEST.DETECTIONS_PER_IMAGE`` are read.
+            cfg: the config; ``TEST.AUG.*``, ``MODEL.RETINANET.NMS_THRESH_TEST``,
+                ``TEST.DETECTIONS_PER_IMAGE`` and ``TEST.BBOX_VOTE.*`` are read.
             model: the detector (a DDP wrapper is unwrapped).
             tta_mapper: dataset dict -> list of augmented dicts, each with ``"transforms"``
                 (original -> augmented image); default ``DatasetMapperTTA(cfg)``.
@@ -43,6 +45,7 @@ class RetinaNetWithTTA(nn.Module):
         self.batch_size = batch_size
         self.nms_thresh = cfg.MODEL.RETINANET.NMS_THRESH_TEST
         self.max_detections = cfg.TEST.DETECTIONS_PER_IMAGE
+        self.vote_thresh = bbox_vote_thresh(cfg)
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, Instances]]:
         """Same interface as the detector's eval-mode forward: one dict per image with
@@ -83,8 +86,7 @@ class RetinaNetWithTTA(nn.Module):
         out_boxes.clip(image_size)
         keep = batched_nms(out_boxes.tensor, scores, classes, self.nms_thresh)
         keep = keep[: self.max_detections]
-        result = Instances(image_size)
-        result.pred_boxes = out_boxes[keep]
-        result.scores = scores[keep]
-        result.pred_classes = classes[keep]
-        return result
+        candidates = Instances(image_size, pred_boxes=out_boxes, scores=scores, pred_classes=classes)
+        if self.vote_thresh:
+            return box_voting(candidates[keep], candidates, self.vote_thresh)
+        return candidates[keep]

@@ -5,16 +5,18 @@ needs an attentional head, so :class:`AADetRetinaNet` builds the head named by t
 ``RETINANET_HEAD_REGISTRY``. One more difference: the EMA of the number of positive anchors that
 normalizes the losses lives in a checkpointed buffer (Detectron2 keeps it in a plain attribute
 that restarts at 100 after ``--resume``, so a resumed run's losses differ from the uninterrupted
-run's).
+run's). And optional box voting after NMS (``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`).
 """
 import torch
 from detectron2.config import configurable
+from detectron2.layers import batched_nms
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
 from detectron2.utils.events import get_event_storage
 from detectron2.utils.registry import Registry
 
 from ...engine.d2compat import EMAUpdateHook
+from ..box_voting import VOTE_THRESH_ALLOWED, bbox_vote_thresh, box_voting, is_valid_vote_thresh
 
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
 
@@ -33,12 +35,23 @@ def build_retinanet_head(cfg, feature_shapes):
 
 @META_ARCH_REGISTRY.register()
 class AADetRetinaNet(EMAUpdateHook, RetinaNet):
-    """Detectron2's RetinaNet with the head chosen by ``MODEL.RETINANET.HEAD_NAME`` and a
-    checkpointed loss normalizer."""
+    """Detectron2's RetinaNet with the head chosen by ``MODEL.RETINANET.HEAD_NAME``, a
+    checkpointed loss normalizer and optional box voting at inference."""
 
     @configurable
-    def __init__(self, **kwargs):
+    def __init__(self, *, bbox_vote_thresh: float = 0.0, **kwargs):
+        """
+        Args:
+            bbox_vote_thresh: 0 (off) or the IoU in (0, 1] of box voting after NMS
+                (:func:`~aadet.modeling.box_voting.box_voting`).
+            kwargs: Detectron2's ``RetinaNet`` arguments.
+        """
         super().__init__(**kwargs)
+        if bbox_vote_thresh != 0 and not is_valid_vote_thresh(bbox_vote_thresh):
+            raise ValueError(
+                f"bbox_vote_thresh must be 0 (off) or {VOTE_THRESH_ALLOWED}; got {bbox_vote_thresh!r}"
+            )
+        self.bbox_vote_thresh = float(bbox_vote_thresh)
         # EMA of the positive-anchor count; < 0 = not started (Detectron2 then starts at 100).
         self.register_buffer("loss_normalizer_ema", torch.tensor(-1.0, dtype=torch.float64))
 
@@ -63,6 +76,17 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
                     )
         return super().forward_training(images, features, predictions, gt_instances)
 
+    def inference_single_image(self, anchors, box_cls, box_delta, image_size):
+        """Detectron2's (score threshold, top-k per level, class-wise NMS, top
+        ``max_detections_per_image``), then box voting with the pre-NMS candidates when on."""
+        if not self.bbox_vote_thresh:
+            return super().inference_single_image(anchors, box_cls, box_delta, image_size)
+        pred = self._decode_multi_level_predictions(
+            anchors, box_cls, box_delta, self.test_score_thresh, self.test_topk_candidates, image_size
+        )
+        keep = batched_nms(pred.pred_boxes.tensor, pred.scores, pred.pred_classes, self.test_nms_thresh)
+        return box_voting(pred[keep[: self.max_detections_per_image]], pred, self.bbox_vote_thresh)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints of Detectron2's RetinaNet have no normalizer: keep ours (not started).
         state_dict.setdefault(prefix + "loss_normalizer_ema", self.loss_normalizer_ema.clone())
@@ -71,6 +95,7 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
     @classmethod
     def from_config(cls, cfg):
         ret = super().from_config(cfg)  # builds Detectron2's head, replaced below if another is named
+        ret["bbox_vote_thresh"] = bbox_vote_thresh(cfg)
         if cfg.MODEL.RETINANET.HEAD_NAME != "RetinaNetHead":
             shapes = ret["backbone"].output_shape()
             ret["head"] = build_retinanet_head(

@@ -1,0 +1,61 @@
+"""Box voting: refine each detection kept by NMS with the boxes it suppressed.
+
+Gidaris & Komodakis, "Object detection via a multi-region & semantic segmentation-aware CNN model"
+(ICCV 2015), section 5; Detectron (Caffe2) ships it as ``TEST.BBOX_VOTE`` with the scoring method
+``"ID"``: each box NMS keeps is replaced by the score-weighted mean of all candidate boxes of its
+class (before NMS, the kept box included) whose IoU with it is at least ``VOTE_TH``; scores and
+classes are unchanged. Where one tree (or object) gets several slightly different boxes, their mean
+localizes it better than the single highest-scoring one. aadet's RetinaNet applies it when
+``TEST.BBOX_VOTE.ENABLED`` (off by default: not part of the papers).
+"""
+import torch
+from detectron2.structures import Boxes, Instances, pairwise_iou
+
+__all__ = ["VOTE_THRESH_ALLOWED", "bbox_vote_thresh", "box_voting", "is_valid_vote_thresh"]
+
+#: The allowed IoU thresholds of a vote, in words (error messages).
+VOTE_THRESH_ALLOWED = "in (0, 1]"
+
+
+def is_valid_vote_thresh(value) -> bool:
+    """Whether ``value`` is an allowed vote IoU threshold (:data:`VOTE_THRESH_ALLOWED`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
+
+
+def bbox_vote_thresh(cfg) -> float:
+    """The vote IoU threshold the config asks for: ``TEST.BBOX_VOTE.VOTE_TH`` when
+    ``TEST.BBOX_VOTE.ENABLED``, else 0 (off)."""
+    vote = cfg.TEST.BBOX_VOTE
+    return float(vote.VOTE_TH) if vote.ENABLED else 0.0
+
+
+def box_voting(kept: Instances, candidates: Instances, vote_thresh: float) -> Instances:
+    """Replace the boxes of ``kept`` by the score-weighted mean of their voters.
+
+    Args:
+        kept: ``K`` detections (``pred_boxes``, ``scores``, ``pred_classes``), each of which is
+            also in ``candidates`` (e.g. ``candidates[keep]`` after NMS), so every box has at least
+            itself as a voter.
+        candidates: ``N`` detections of the same image before NMS.
+        vote_thresh: IoU (:data:`VOTE_THRESH_ALLOWED`) at or above which a candidate of the same class votes.
+
+    Returns:
+        ``kept`` with ``pred_boxes [K, 4]`` replaced (``sum_j s_j b_j / sum_j s_j`` over voters
+        ``j``; an empty box, which overlaps nothing, keeps its own); the other fields as they were.
+    """
+    if not is_valid_vote_thresh(vote_thresh):
+        raise ValueError(f"box_voting: vote_thresh must be {VOTE_THRESH_ALLOWED}; got {vote_thresh!r}")
+    if len(kept) == 0:
+        return kept
+    iou = pairwise_iou(kept.pred_boxes, candidates.pred_boxes)  # [K, N]
+    same_class = kept.pred_classes[:, None] == candidates.pred_classes[None, :]  # [K, N]
+    boxes = candidates.pred_boxes.tensor  # [N, 4]
+    weights = ((iou >= vote_thresh) & same_class).to(boxes.dtype)
+    weights = weights * candidates.scores.to(boxes.dtype)[None, :]  # [K, N]
+    total = weights.sum(dim=1, keepdim=True)  # [K, 1]
+    # A box has IoU 0 with itself when it is empty (clipped to the image border): it keeps its box.
+    voted = torch.where(
+        total > 0, (weights @ boxes) / total.clamp_min(torch.finfo(total.dtype).tiny), kept.pred_boxes.tensor
+    )  # [K, 4]
+    kept.pred_boxes = Boxes(voted)
+    return kept
