@@ -37,16 +37,16 @@ def box_voting(kept: Instances, candidates: Instances, vote_thresh: float) -> In
             also in ``candidates`` (e.g. ``candidates[keep]`` after NMS), so every box has at least
             itself as a voter.
         candidates: ``N`` detections of the same image before NMS.
-        vote_thresh: IoU (:data:`VOTE_THRESH_ALLOWED`) at or above which a candidate of the same class votes.
+        vote_thresh: IoU (:data:`VOTE_THRESH_ALLOWED`) at or above which a candidate of the
+            same class votes.
 
     Returns:
-        ``kept`` with ``pred_boxes [K, 4]`` replaced (``sum_j s_j b_j / sum_j s_j`` over voters
-        ``j``; an empty box, which overlaps nothing, keeps its own); the other fields as they were.
+        ``kept``, its ``pred_boxes [K, 4]`` replaced in place (``sum_j s_j b_j / sum_j s_j`` over
+        voters ``j``; an empty box, which overlaps nothing, keeps its own); the other fields as
+        they were. No branch depends on ``K`` or ``N``, so a traced graph works for any count.
     """
     if not is_valid_vote_thresh(vote_thresh):
         raise ValueError(f"box_voting: vote_thresh must be {VOTE_THRESH_ALLOWED}; got {vote_thresh!r}")
-    if len(kept) == 0:
-        return kept
     iou = pairwise_iou(kept.pred_boxes, candidates.pred_boxes)  # [K, N]
     same_class = kept.pred_classes[:, None] == candidates.pred_classes[None, :]  # [K, N]
     boxes = candidates.pred_boxes.tensor  # [N, 4]
