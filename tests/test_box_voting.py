@@ -1,10 +1,12 @@
 """Box voting after NMS (``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`)."""
+import functools
 import os
 
 import pytest
 import torch
 from detectron2.layers import batched_nms
 from detectron2.modeling import build_model
+from detectron2.modeling.meta_arch.retinanet import RetinaNet
 from detectron2.structures import Boxes, Instances
 
 from aadet.config import ConfigValueError, validate_aadet_config
@@ -118,6 +120,21 @@ def test_retinanet_votes_with_its_pre_nms_candidates():
         expected = (w @ boxes / w.sum()).clamp(0, 192)
         torch.testing.assert_close(b.pred_boxes.tensor[i].double(), expected, rtol=0, atol=1e-3)
     assert (b.pred_boxes.tensor - a.pred_boxes.tensor).abs().max() > 1.0  # it did move boxes
+
+
+def test_without_voting_inference_is_detectron2s():
+    """Voting off, the shared NMS/top-k step (nms_and_vote) gives Detectron2's RetinaNet output."""
+    _, model = _demo_model(0)
+    g = torch.Generator().manual_seed(1)
+    inp = {"image": torch.randint(0, 256, (3, 160, 224), generator=g, dtype=torch.uint8)}
+    with torch.no_grad():
+        ours = model([inp])[0]["instances"]
+        model.inference_single_image = functools.partial(RetinaNet.inference_single_image, model)
+        theirs = model([inp])[0]["instances"]
+    assert len(ours) == 100
+    for field in ("scores", "pred_classes"):
+        assert torch.equal(getattr(ours, field), getattr(theirs, field))
+    assert torch.equal(ours.pred_boxes.tensor, theirs.pred_boxes.tensor)
 
 
 def test_tta_merge_votes_over_the_passes():

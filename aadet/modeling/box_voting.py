@@ -9,9 +9,16 @@ localizes it better than the single highest-scoring one. aadet's RetinaNet appli
 ``TEST.BBOX_VOTE.ENABLED`` (off by default: not part of the papers).
 """
 import torch
+from detectron2.layers import batched_nms
 from detectron2.structures import Boxes, Instances, pairwise_iou
 
-__all__ = ["VOTE_THRESH_ALLOWED", "bbox_vote_thresh", "box_voting", "is_valid_vote_thresh"]
+__all__ = [
+    "VOTE_THRESH_ALLOWED",
+    "bbox_vote_thresh",
+    "box_voting",
+    "is_valid_vote_thresh",
+    "nms_and_vote",
+]
 
 #: The allowed IoU thresholds of a vote, in words (error messages).
 VOTE_THRESH_ALLOWED = "in (0, 1]"
@@ -59,3 +66,24 @@ def box_voting(kept: Instances, candidates: Instances, vote_thresh: float) -> In
     )  # [K, 4]
     kept.pred_boxes = Boxes(voted)
     return kept
+
+
+def nms_and_vote(
+    candidates: Instances, nms_thresh: float, max_detections: int, vote_thresh: float = 0.0
+) -> Instances:
+    """RetinaNet's last inference step: class-wise NMS, the ``max_detections`` highest-scoring
+    survivors, then box voting with all ``candidates`` when ``vote_thresh`` is not 0.
+
+    Args:
+        candidates: ``N`` detections of one image (``pred_boxes``, ``scores``, ``pred_classes``).
+        nms_thresh: IoU above which a lower-scoring box of the same class is suppressed.
+        max_detections: how many of NMS's survivors to keep, best first.
+        vote_thresh: 0 (off) or the IoU of :func:`box_voting`.
+
+    Returns:
+        ``K <= max_detections`` detections, ordered by score. With voting off this is exactly
+        Detectron2's ``RetinaNet.inference_single_image`` after decoding.
+    """
+    keep = batched_nms(candidates.pred_boxes.tensor, candidates.scores, candidates.pred_classes, nms_thresh)
+    kept = candidates[keep[:max_detections]]
+    return box_voting(kept, candidates, vote_thresh) if vote_thresh else kept

@@ -12,13 +12,12 @@ detector's does in eval mode, so ``inference_on_dataset`` and evaluators need no
 from typing import Dict, List
 
 import torch
-from detectron2.layers import batched_nms
 from detectron2.modeling import DatasetMapperTTA
 from detectron2.structures import Boxes, Instances
 from torch import nn
 
 from ..utils.modules import unwrap_model
-from .box_voting import bbox_vote_thresh, box_voting
+from .box_voting import bbox_vote_thresh, nms_and_vote
 
 __all__ = ["RetinaNetWithTTA"]
 
@@ -84,9 +83,5 @@ class RetinaNetWithTTA(nn.Module):
         classes = torch.cat([p[2] for p in parts])
         out_boxes = Boxes(boxes)
         out_boxes.clip(image_size)
-        keep = batched_nms(out_boxes.tensor, scores, classes, self.nms_thresh)
-        keep = keep[: self.max_detections]
         candidates = Instances(image_size, pred_boxes=out_boxes, scores=scores, pred_classes=classes)
-        if self.vote_thresh:
-            return box_voting(candidates[keep], candidates, self.vote_thresh)
-        return candidates[keep]
+        return nms_and_vote(candidates, self.nms_thresh, self.max_detections, self.vote_thresh)

@@ -9,14 +9,13 @@ run's). And optional box voting after NMS (``TEST.BBOX_VOTE``, :mod:`aadet.model
 """
 import torch
 from detectron2.config import configurable
-from detectron2.layers import batched_nms
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
 from detectron2.utils.events import get_event_storage
 from detectron2.utils.registry import Registry
 
 from ...engine.d2compat import EMAUpdateHook
-from ..box_voting import VOTE_THRESH_ALLOWED, bbox_vote_thresh, box_voting, is_valid_vote_thresh
+from ..box_voting import VOTE_THRESH_ALLOWED, bbox_vote_thresh, is_valid_vote_thresh, nms_and_vote
 
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
 
@@ -79,13 +78,10 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
     def inference_single_image(self, anchors, box_cls, box_delta, image_size):
         """Detectron2's (score threshold, top-k per level, class-wise NMS, top
         ``max_detections_per_image``), then box voting with the pre-NMS candidates when on."""
-        if not self.bbox_vote_thresh:
-            return super().inference_single_image(anchors, box_cls, box_delta, image_size)
         pred = self._decode_multi_level_predictions(
             anchors, box_cls, box_delta, self.test_score_thresh, self.test_topk_candidates, image_size
         )
-        keep = batched_nms(pred.pred_boxes.tensor, pred.scores, pred.pred_classes, self.test_nms_thresh)
-        return box_voting(pred[keep[: self.max_detections_per_image]], pred, self.bbox_vote_thresh)
+        return nms_and_vote(pred, self.test_nms_thresh, self.max_detections_per_image, self.bbox_vote_thresh)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints of Detectron2's RetinaNet have no normalizer: keep ours (not started).
