@@ -63,8 +63,11 @@ def add_aadet_config(cfg):
     _C.INPUT.SCALE_JITTER.ENABLED = True  # paper: on
     _C.INPUT.SCALE_JITTER.LONG_SIDE_RANGE = (512, 768)  # paper: [512, 768] pixels
     _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
-    _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5
-    _C.INPUT.SCALE_JITTER.VFLIP_PROB = 0.0  # vertical flip probability (not in the papers; aerial data)
+    _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5. 1.0 mirrors every image (tree demo: its val
+    # image faces the other way, README "What the demo measured")
+    # Vertical flip probability (not in the papers). Overhead imagery has no "up" but has a sun:
+    # a flip turns the shadows, and on the tree demo VFLIP_PROB 0.5 cost 9 AP50.
+    _C.INPUT.SCALE_JITTER.VFLIP_PROB = 0.0
     _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
     # Photometric jitter (Detectron2's RandomBrightness / RandomContrast: factors drawn uniformly
     # from the ranges). NOT part of the papers' recipe, so off by default; the tree-crown demo turns

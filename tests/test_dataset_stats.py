@@ -207,6 +207,16 @@ def test_check_dataset_prints_and_writes_a_config_that_loads(tiles, tmp_path, ca
     assert cfg.MODEL.RETINANET.NUM_CLASSES == 1
     assert len(DatasetCatalog.get("cells_val")) == 4
     assert cfg.MODEL.RESNETS.NORM == "GN"  # the rest comes from the base
+    # the demo mirrors every tile for its own val image; the written config flips like the papers
+    assert load_config(DEMO).INPUT.SCALE_JITTER.FLIP_PROB == 1.0
+    assert cfg.INPUT.SCALE_JITTER.FLIP_PROB == 0.5
+    assert "FLIP_PROB back to the papers' 0.5" in out.read_text()
+    # a base that already flips like the papers: no FLIP_PROB written
+    shared = os.path.join(os.path.dirname(DEMO), "Base-Trees.yaml")
+    out2 = tmp_path / "cfg" / "cells_shared.yaml"
+    assert check_dataset.main([*paths["cells_train"], *paths["cells_val"], "--base", shared,
+                               "--write", str(out2)]) == 0
+    assert "FLIP_PROB" not in out2.read_text()
 
 
 def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):
@@ -258,7 +268,8 @@ def test_suggested_recipe_learns_better(tmp_path):
     objects) against the config ``check_dataset.py --write`` suggests (scale 1.6x, test side 1024,
     anchors 16-102 from 2 strides of P3, one square ratio, 382 detections), same 48 iterations.
 
-    Measured 2026-11-23 on 2 cores (default threads), this test: demo recipe AP50 5.3, suggestion
+    Measured 2026-11-23 on 2 cores (default threads; the demo config then flipped half the tiles,
+    it now mirrors all, and the written config flips half), this test: demo recipe AP50 5.3, suggestion
     35.0; twice as long (96 iterations, 8 min 49 s for both trainings): 8.76 (the same 8.76 in a
     separate run on the same machine) and 57.3. Thresholds: the suggestion reaches AP50 25 and
     beats the guess by 15 points: the demo's own recipe fails them, as would one-stride anchors

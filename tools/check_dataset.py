@@ -15,7 +15,10 @@ image/category ids, duplicate ids, missing keys. Info: images without boxes, gra
 ``--write CONFIG`` writes a config that ``_BASE_``s ``--base`` and adds the suggestion,
 ``DATASETS.REGISTER_COCO`` for every pair (named after the json files; paths as given here, so
 train from this working directory or give absolute paths), ``DATASETS.TRAIN`` (first pair),
-``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``.
+``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``. A base whose
+horizontal flip is not the papers' gets ``INPUT.SCALE_JITTER.FLIP_PROB`` back to the papers' value:
+the tree demo mirrors every training tile because its val image faces the other way (shadows,
+crowns leaning off-nadir), a choice that belongs to the demo's images, not to yours.
 """
 
 import argparse
@@ -39,15 +42,19 @@ def _pairs(values, parser):
 
 
 def _base_settings(base):
-    """``(strides, octaves, crop_size)`` the suggestion must fit, from the base config."""
+    """``(strides, octaves, crop_size)`` the suggestion must fit, from the base config, and
+    ``flip``: ``(base's, papers')`` horizontal flip probabilities when they differ, else None."""
     from aadet.engine import get_aadet_cfg
 
     cfg = get_aadet_cfg()
+    papers_flip = float(cfg.INPUT.SCALE_JITTER.FLIP_PROB)
     cfg.merge_from_file(base)
+    base_flip = float(cfg.INPUT.SCALE_JITTER.FLIP_PROB)
     return (
         strides_of(cfg.MODEL.RETINANET.IN_FEATURES),
         len(cfg.MODEL.ANCHOR_GENERATOR.SIZES[0]),
         int(cfg.INPUT.SCALE_JITTER.CROP_SIZE),
+        (base_flip, papers_flip) if base_flip != papers_flip else None,
     )
 
 
@@ -58,8 +65,14 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def write_config(path, base, pairs, names, stats, recipe):
-    """Write the config of the module docstring to ``path``; returns its text."""
+def _flip_note(flip) -> str:
+    return (f"INPUT.SCALE_JITTER.FLIP_PROB back to the papers' {flip[1]} (the base's {flip[0]} "
+            "was chosen for its own data).")
+
+
+def write_config(path, base, pairs, names, stats, recipe, flip=None):
+    """Write the config of the module docstring to ``path``; returns its text. ``flip``:
+    ``(base's, papers')`` flip probabilities to reset the base's to the papers' (None: keep)."""
     train = stats[0]
     rel_base = os.path.relpath(os.path.abspath(base), os.path.dirname(os.path.abspath(path)))
     keys = _merge(
@@ -74,12 +87,17 @@ def write_config(path, base, pairs, names, stats, recipe):
         },
         recipe.config_dict(),
     )
+    flip_lines = []
+    if flip is not None:
+        keys = _merge(keys, {"INPUT": {"SCALE_JITTER": {"FLIP_PROB": flip[1]}}})
+        flip_lines = [f"# {_flip_note(flip)}"]
     header = [
         f"# Written by tools/check_dataset.py for {pairs[0][0]}: {len(train.image_wh)} images, "
         f"{len(train.wh)} boxes, sizes sqrt(w*h) {train.sizes.min():.1f}-{train.sizes.max():.1f} px.",
         f"# Test scale {recipe.scale:.2f}x; anchors, aspect ratios (h/w) and sizes from the box "
         "statistics (aadet/data/statistics.py).",
         *(f"# NOTE: {n}" for n in recipe.notes),
+        *flip_lines,
         f'_BASE_: "{rel_base}"',
     ]
     text = "\n".join(header + to_yaml_lines(keys)) + "\n"
@@ -132,9 +150,9 @@ def main(argv=None) -> int:
     print("\n# Box statistics (pixels, as stored; sqrt(w*h) is the object size)")
     for s in stats:
         print("\n".join(format_statistics(s)))
-    strides, octaves, crop = (8, 16, 32), 3, 640
+    strides, octaves, crop, flip = (8, 16, 32), 3, 640, None
     if args.base:
-        strides, octaves, crop = _base_settings(args.base)
+        strides, octaves, crop, flip = _base_settings(args.base)
     try:
         recipe = suggest_recipe(stats[0], strides=strides, octaves=octaves, max_crop_size=crop)
     except ValueError as e:
@@ -145,8 +163,10 @@ def main(argv=None) -> int:
     print("\n".join(recipe.yaml_lines()))
     for note in recipe.notes:
         print(f"# NOTE: {note}")
+    if flip is not None:
+        print(f"# NOTE: {_flip_note(flip)}")
     if args.write:
-        write_config(args.write, args.base, pairs, names, stats, recipe)
+        write_config(args.write, args.base, pairs, names, stats, recipe, flip)
         from aadet.engine import load_config
 
         load_config(args.write)  # the written config must load (and register its datasets)
