@@ -207,16 +207,18 @@ def test_check_dataset_prints_and_writes_a_config_that_loads(tiles, tmp_path, ca
     assert cfg.MODEL.RETINANET.NUM_CLASSES == 1
     assert len(DatasetCatalog.get("cells_val")) == 4
     assert cfg.MODEL.RESNETS.NORM == "GN"  # the rest comes from the base
-    # the demo mirrors every tile for its own val image; the written config flips like the papers
+    # the demos mirror every tile for their own val image; the written config flips like the papers
     assert load_config(DEMO).INPUT.SCALE_JITTER.FLIP_PROB == 1.0
     assert cfg.INPUT.SCALE_JITTER.FLIP_PROB == 0.5
     assert "FLIP_PROB back to the papers' 0.5" in out.read_text()
     # a base that already flips like the papers: no FLIP_PROB written
-    shared = os.path.join(os.path.dirname(DEMO), "Base-Trees.yaml")
-    out2 = tmp_path / "cfg" / "cells_shared.yaml"
-    assert check_dataset.main([*paths["cells_train"], *paths["cells_val"], "--base", shared,
-                               "--write", str(out2)]) == 0
+    papers_flip = tmp_path / "papers_flip.yaml"
+    papers_flip.write_text(f'_BASE_: "{DEMO}"\nINPUT:\n  SCALE_JITTER:\n    FLIP_PROB: 0.5\n')
+    out2 = tmp_path / "cfg" / "cells_papers_flip.yaml"
+    assert check_dataset.main([*paths["cells_train"], *paths["cells_val"], "--base",
+                               str(papers_flip), "--write", str(out2)]) == 0
     assert "FLIP_PROB" not in out2.read_text()
+    assert load_config(str(out2)).INPUT.SCALE_JITTER.FLIP_PROB == 0.5
 
 
 def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):
