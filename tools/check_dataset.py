@@ -17,8 +17,9 @@ image/category ids, duplicate ids, missing keys. Info: images without boxes, gra
 train from this working directory or give absolute paths), ``DATASETS.TRAIN`` (first pair),
 ``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``. A base whose
 horizontal flip is not the papers' gets ``INPUT.SCALE_JITTER.FLIP_PROB`` back to the papers' value:
-the tree demo mirrors every training tile because its val image faces the other way (shadows,
-crowns leaning off-nadir), a choice that belongs to the demo's images, not to yours.
+the tree demos (``Base-Trees.yaml``) mirror every training tile because their val image faces the
+other way (shadows, crowns leaning off-nadir), a choice that belongs to the demo's images, not to
+yours.
 """
 
 import argparse

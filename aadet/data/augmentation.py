@@ -10,8 +10,9 @@ max dimension of 640 during training. All images are horizontally flipped with a
 
 Optionally (not in the papers): a vertical flip (``INPUT.SCALE_JITTER.VFLIP_PROB``; overhead imagery
 has no "up", but its shadows point away from the sun, and a flip moves them: check that the flipped
-images look like the test images -- on the tree demo a vertical flip cost 9 AP50), and photometric jitter (``INPUT.PHOTOMETRIC``): brightness, contrast and a per-channel
-gain (:class:`RandomChannelGain`, white balance: two cameras or flights differ in it).
+images look like the test images -- on the tree demo a vertical flip cost 9 AP50), and photometric
+jitter (``INPUT.PHOTOMETRIC``): brightness, contrast and a per-channel gain
+(:class:`RandomChannelGain`, white balance: two cameras or flights differ in it).
 
 Test time is Detectron2's ``ResizeShortestEdge(MIN_SIZE_TEST, MAX_SIZE_TEST)``; our configs set both
 to 640 so the longer side is 640.
