@@ -93,6 +93,10 @@ def add_aadet_config(cfg):
     # Both use Detectron2's parameter groups, LR schedule and gradient clipping.
     _C.SOLVER.OPTIMIZER = "SGD"
     _C.SOLVER.ADAMW_BETAS = (0.9, 0.999)  # AdamW's (beta1, beta2), each in [0, 1)
+    # Learning-rate multiplier of every relative position embedding (rel_h / rel_w of the SASA and
+    # AA layers and the attention stem), with either optimizer: lets the position terms move in a
+    # short schedule (README "What the demo measured"). > 0; 1.0 = the papers' (one LR for all).
+    _C.SOLVER.RELATIVE_EMBEDDING_LR_FACTOR = 1.0
 
     # Keep the checkpoint with the best value of this metric (from the periodic evaluation);
     # "" disables it. Written as model_best.pth next to the periodic checkpoints.
@@ -124,6 +128,13 @@ def add_aadet_config(cfg):
     _C.MODEL_EMA = CN()
     _C.MODEL_EMA.ENABLED = False
     _C.MODEL_EMA.DECAY = 0.998  # in [0, 1); the average spans ~1 / (1 - DECAY) iterations
+
+    # ---------------------------------------------------------------- ResNet
+    # Zero-initialise the scale of the last norm in every residual block (conv, AA and SASA
+    # ResNets built by aadet), so each block starts as the identity (Goyal et al. 2017; the TF-TPU
+    # ResNet of the papers' codebase does it, Detectron2 does not: its ResNet notes that it hurt GN
+    # models trained from scratch). Needs a norm with a learned scale. False = Detectron2's init.
+    _C.MODEL.RESNETS.ZERO_INIT_RESIDUAL = False
 
     # ---------------------------------------------------------------- RetinaNet / FPN
     # Where FPN's P6/P7 come from: "res5" (Detectron2's RetinaNet) or "p5" (the RetinaNet of the
@@ -369,6 +380,10 @@ def validate_aadet_config(cfg):
     check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, tuple(OPTIMIZERS))
     if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
         raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
+    if not isinstance(s.RELATIVE_EMBEDDING_LR_FACTOR, (int, float)) or not s.RELATIVE_EMBEDDING_LR_FACTOR > 0:
+        raise config_error(
+            "SOLVER.RELATIVE_EMBEDDING_LR_FACTOR", "a number > 0", s.RELATIVE_EMBEDDING_LR_FACTOR
+        )
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     if not 0.0 <= float(cfg.MODEL_EMA.DECAY) < 1.0:
         raise config_error("MODEL_EMA.DECAY", "in [0, 1)", cfg.MODEL_EMA.DECAY)

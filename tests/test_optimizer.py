@@ -74,3 +74,41 @@ def test_bad_optimizer_keys_are_named(key, value, needle):
 
 def test_registry_is_the_allowed_list():
     assert tuple(OPTIMIZERS) == ("SGD", "AdamW")
+
+
+class _Attention(nn.Module):
+    """An attention-like module: relative embeddings (aadet's names) beside a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.value = nn.Linear(4, 4)
+        self.rel_h = nn.Parameter(torch.ones(3, 2))
+        self.rel_w = nn.Parameter(torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_relative_embedding_lr_factor(name):
+    """SOLVER.RELATIVE_EMBEDDING_LR_FACTOR multiplies the LR of rel_h / rel_w only, with either
+    optimizer; the other groups are those of the factor 1 (Detectron2's for SGD)."""
+    base = Trainer.build_optimizer(_cfg(OPTIMIZER=name), _Attention())
+    opt = Trainer.build_optimizer(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), _Attention())
+    assert type(opt) is type(base)
+    model = _Attention()
+    opt = Trainer.build_optimizer(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), model)
+    lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert lr[id(model.rel_h)] == lr[id(model.rel_w)] == pytest.approx(1.0)
+    assert lr[id(model.value.weight)] == lr[id(model.value.bias)] == 0.1
+    assert sorted(g["lr"] for g in base.param_groups) == [0.1] * len(base.param_groups)
+    # the LR schedule scales the group's own LR: warm-up starts at factor x warm-up x base
+    sched = Trainer.build_lr_scheduler(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), opt)
+    first = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert first[id(model.rel_h)] == pytest.approx(10 * first[id(model.value.weight)])
+    del sched
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, "10"])
+def test_relative_embedding_lr_factor_must_be_positive(value):
+    cfg = _cfg()
+    cfg.SOLVER.RELATIVE_EMBEDDING_LR_FACTOR = value
+    with pytest.raises(ConfigValueError, match="SOLVER.RELATIVE_EMBEDDING_LR_FACTOR must be a number > 0"):
+        validate_aadet_config(cfg)

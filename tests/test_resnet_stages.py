@@ -146,3 +146,49 @@ def test_resnet_config_errors(depth, resnets, aa_stages, needle):
     cfg.MODEL.AA.STAGES = aa_stages
     with pytest.raises(ConfigValueError, match=needle):
         build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
+
+
+@pytest.mark.parametrize("builder,stages,depth", [
+    (build_retinanet_conv_resnet_fpn_backbone, (), 18),
+    (build_retinanet_conv_resnet_fpn_backbone, (), 26),
+    (build_aa_resnet_backbone, ("res3", "res4", "res5"), 18),
+    (build_aa_resnet_backbone, ("res3", "res4", "res5"), 26),
+    (build_sasa_resnet_backbone, ("res2", "res3", "res4", "res5"), 26),  # bottlenecks only
+])
+def test_zero_init_residual_makes_every_block_start_as_its_shortcut(depth, builder, stages):
+    """MODEL.RESNETS.ZERO_INIT_RESIDUAL: the last norm of every residual branch has scale 0, so
+    each block's output is relu(shortcut(x)); nothing else changes (same RNG order)."""
+    cfg = _cfg(depth)
+    cfg.MODEL.FPN.IN_FEATURES = ["res3", "res4", "res5"]
+    if builder is build_aa_resnet_backbone:
+        cfg.MODEL.AA.STAGES = stages
+    if builder is build_sasa_resnet_backbone:
+        cfg.MODEL.SASA.STAGES, cfg.MODEL.SASA.NUM_HEADS = stages, 2
+    torch.manual_seed(0)
+    plain = builder(cfg, ShapeSpec(channels=3))
+    cfg.MODEL.RESNETS.ZERO_INIT_RESIDUAL = True
+    torch.manual_seed(0)
+    zeroed = builder(cfg, ShapeSpec(channels=3))
+    resnet = getattr(zeroed, "bottom_up", zeroed)
+    blocks = [b for stage in resnet.stages for b in stage]
+    assert len(blocks) == sum(RESNET_BLOCKS_PER_STAGE[depth])
+    last = "conv2" if depth == 18 else "conv3"
+    a, b = plain.state_dict(), zeroed.state_dict()
+    zero_keys = {k for k in b if k.endswith(f"{last}.norm.weight") and f".{k}".count(".res") == 1}
+    assert len(zero_keys) == len(blocks)
+    for key in a:
+        if key in zero_keys:
+            assert torch.count_nonzero(b[key]) == 0 and torch.count_nonzero(a[key]) > 0, key
+        else:
+            assert torch.equal(a[key], b[key]), key
+    x = torch.randn(2, blocks[0].in_channels, 12, 12)
+    with torch.no_grad():
+        blocks[0].eval()
+        shortcut = blocks[0].shortcut(x) if blocks[0].shortcut is not None else x
+        assert torch.equal(blocks[0](x), torch.relu(shortcut))
+
+
+def test_zero_init_residual_needs_a_norm_with_a_scale():
+    cfg = _cfg(50, NORM="", ZERO_INIT_RESIDUAL=True)
+    with pytest.raises(ConfigValueError, match="MODEL.RESNETS.ZERO_INIT_RESIDUAL must be False unless"):
+        build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))

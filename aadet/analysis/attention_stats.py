@@ -29,7 +29,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from ..layers import (
+    RELATIVE_EMBEDDING_NAMES,
+    AugmentedConv2d,
+    LocalSelfAttention2d,
+    SpatiallyAwareAttentionStem,
+)
 from ..layers.functional import block_padding_mask, local_attention_probs_2d
 from ..utils.modules import unwrap_model
 
@@ -273,7 +278,7 @@ def relative_embedding_grad_ratios(model: nn.Module) -> Dict[str, float]:
     out: Dict[str, float] = {}
     for name, module in attention_layers(model).items():
         rel: List[Tuple[float, float]] = []
-        for attr in ("rel_h", "rel_w"):
+        for attr in RELATIVE_EMBEDDING_NAMES:
             table = getattr(module, attr, None)
             if table is not None and table.grad is not None:
                 rel.append(_table_norms(table))

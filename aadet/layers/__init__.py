@@ -7,4 +7,4 @@ from .local_attention import POSITIONAL_ENCODINGS as SASA_POSITIONAL_ENCODINGS  
 from .local_attention import canonical_positional_encoding  # noqa: F401
 from .functional.local_attention import LOCAL_ATTENTION_IMPLS  # noqa: F401
 from .functional.logit_tables import LOGIT_TABLE_IMPLS  # noqa: F401
-from .position_encoding import coord_channels, sine_2d  # noqa: F401
+from .position_encoding import RELATIVE_EMBEDDING_NAMES, coord_channels, sine_2d  # noqa: F401

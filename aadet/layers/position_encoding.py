@@ -9,13 +9,21 @@ Paper: Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019, Se
   attention input -- :func:`coord_channels`.
 
 Both are pure functions of the map size (no parameters), returned as ``[C, H, W]``.
+
+The relative encodings themselves are parameters of their layers, named as in
+:data:`RELATIVE_EMBEDDING_NAMES` by every layer that has them (``LocalSelfAttention2d``,
+``AugmentedConv2d``, ``SpatiallyAwareAttentionStem``): the optimizer
+(``SOLVER.RELATIVE_EMBEDDING_LR_FACTOR``) and the attention statistics find them by these names.
 """
 import math
 from typing import Optional
 
 import torch
 
-__all__ = ["sine_2d", "coord_channels"]
+__all__ = ["RELATIVE_EMBEDDING_NAMES", "sine_2d", "coord_channels"]
+
+#: Parameter names of the relative row / column embeddings in every attention layer.
+RELATIVE_EMBEDDING_NAMES = ("rel_h", "rel_w")
 
 
 def _axis_signal(positions: torch.Tensor, num_timescales: int) -> torch.Tensor:

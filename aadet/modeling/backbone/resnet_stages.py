@@ -5,11 +5,13 @@ dilation, groups, ``STRIDE_IN_1X1``, deformable stages, ``FREEZE_AT``, ``OUT_FEA
 points of variation: the stem, and a ``block_for_stage(stage)`` callback that returns the block
 class of one stage and its extra keyword arguments, or ``None`` for Detectron2's own block. With
 ``block_for_stage`` always ``None`` the result equals ``build_resnet_backbone``'s
-(``tests/test_resnet_stages.py`` compares them).
+(``tests/test_resnet_stages.py`` compares them). ``MODEL.RESNETS.ZERO_INIT_RESIDUAL`` (aadet's
+key, off by default) zeroes the last norm's scale of every block.
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
+import torch
 from detectron2.modeling.backbone.resnet import (
     BasicBlock,
     BottleneckBlock,
@@ -20,7 +22,13 @@ from detectron2.modeling.backbone.resnet import (
 
 from ...config import STAGE_NAMES, config_error
 
-__all__ = ["BASIC_DEPTHS", "RESNET_BLOCKS_PER_STAGE", "ResNetStage", "build_resnet"]
+__all__ = [
+    "BASIC_DEPTHS",
+    "RESNET_BLOCKS_PER_STAGE",
+    "ResNetStage",
+    "build_resnet",
+    "zero_init_residual",
+]
 
 # Blocks per stage res2..res5: Detectron2's depths (build_resnet_backbone) plus the SASA paper's
 # ResNet-26 and ResNet-38 (Sec. 4.1: ResNet-50's [3, 4, 6, 3] minus 2 / 1 blocks per stage), which
@@ -162,4 +170,27 @@ def build_resnet(
         in_channels = out_channels
         out_channels *= 2
         bottleneck_channels *= 2
+    if r.ZERO_INIT_RESIDUAL:
+        for block in (b for stage in stages for b in stage):
+            zero_init_residual(block, builder)
     return ResNet(stem, stages, out_features=r.OUT_FEATURES, freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT)
+
+
+def zero_init_residual(block: CNNBlockBase, builder: str = "build_resnet") -> None:
+    """Zero the scale of the last norm of ``block``'s residual branch (``conv3`` of a bottleneck,
+    ``conv2`` of a basic block; attention blocks keep those names), so the block starts as the
+    identity, or as its projection shortcut (Goyal et al. 2017, Sec. 5.1; the TF-TPU ResNet of
+    the papers' codebase does it with ``init_zero`` on the last batch norm of each block).
+
+    Raises:
+        ConfigValueError: when that conv has no norm with a scale (``MODEL.RESNETS.NORM`` "").
+    """
+    last = block.conv3 if hasattr(block, "conv3") else block.conv2
+    weight = getattr(getattr(last, "norm", None), "weight", None)
+    if not isinstance(weight, torch.nn.Parameter):
+        raise config_error(
+            "MODEL.RESNETS.ZERO_INIT_RESIDUAL",
+            f"False unless MODEL.RESNETS.NORM has a learned scale ({builder})",
+            True,
+        )
+    torch.nn.init.zeros_(weight)
