@@ -252,6 +252,11 @@ def _check_min(key: str, value, minimum):
         raise config_error(key, f">= {minimum}", value)
 
 
+def _check_positive_number(key: str, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise config_error(key, "a number > 0", value)
+
+
 def _check_range_pair(key: str, value):
     lo_hi = tuple(value)
     if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
@@ -288,8 +293,7 @@ def check_sasa_config(cfg):
     if sa.KERNEL_SIZE < 1 or sa.KERNEL_SIZE % 2 == 0:
         raise config_error("MODEL.SASA.KERNEL_SIZE", "an odd integer >= 1", sa.KERNEL_SIZE)
     _check_min("MODEL.SASA.NUM_HEADS", sa.NUM_HEADS, 1)
-    if not isinstance(sa.RELATIVE_INIT_SCALE, (int, float)) or not sa.RELATIVE_INIT_SCALE > 0:
-        raise config_error("MODEL.SASA.RELATIVE_INIT_SCALE", "a number > 0", sa.RELATIVE_INIT_SCALE)
+    _check_positive_number("MODEL.SASA.RELATIVE_INIT_SCALE", sa.RELATIVE_INIT_SCALE)
     check_one_of(
         "MODEL.SASA.POSITIONAL_ENCODING",
         sa.POSITIONAL_ENCODING,
@@ -380,10 +384,7 @@ def validate_aadet_config(cfg):
     check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, tuple(OPTIMIZERS))
     if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
         raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
-    if not isinstance(s.RELATIVE_EMBEDDING_LR_FACTOR, (int, float)) or not s.RELATIVE_EMBEDDING_LR_FACTOR > 0:
-        raise config_error(
-            "SOLVER.RELATIVE_EMBEDDING_LR_FACTOR", "a number > 0", s.RELATIVE_EMBEDDING_LR_FACTOR
-        )
+    _check_positive_number("SOLVER.RELATIVE_EMBEDDING_LR_FACTOR", s.RELATIVE_EMBEDDING_LR_FACTOR)
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     if not 0.0 <= float(cfg.MODEL_EMA.DECAY) < 1.0:
         raise config_error("MODEL_EMA.DECAY", "in [0, 1)", cfg.MODEL_EMA.DECAY)

@@ -89,24 +89,24 @@ class _Attention(nn.Module):
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
 def test_relative_embedding_lr_factor(name):
     """SOLVER.RELATIVE_EMBEDDING_LR_FACTOR multiplies the LR of rel_h / rel_w only, with either
-    optimizer; the other groups are those of the factor 1 (Detectron2's for SGD)."""
+    optimizer (factor 1: one LR for all; SGD then is Detectron2's, test above), and the LR
+    schedule scales each group's own LR."""
     base = Trainer.build_optimizer(_cfg(OPTIMIZER=name), _Attention())
-    opt = Trainer.build_optimizer(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), _Attention())
-    assert type(opt) is type(base)
+    assert [g["lr"] for g in base.param_groups] == [0.1] * len(base.param_groups)
+    cfg = _cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0)
     model = _Attention()
-    opt = Trainer.build_optimizer(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), model)
+    opt = Trainer.build_optimizer(cfg, model)
+    assert type(opt) is type(base)
     lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     assert lr[id(model.rel_h)] == lr[id(model.rel_w)] == pytest.approx(1.0)
     assert lr[id(model.value.weight)] == lr[id(model.value.bias)] == 0.1
-    assert sorted(g["lr"] for g in base.param_groups) == [0.1] * len(base.param_groups)
-    # the LR schedule scales the group's own LR: warm-up starts at factor x warm-up x base
-    sched = Trainer.build_lr_scheduler(_cfg(OPTIMIZER=name, RELATIVE_EMBEDDING_LR_FACTOR=10.0), opt)
-    first = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
-    assert first[id(model.rel_h)] == pytest.approx(10 * first[id(model.value.weight)])
-    del sched
+    Trainer.build_lr_scheduler(cfg, opt)  # sets the warm-up's first LR in every group
+    lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert lr[id(model.value.weight)] < 0.1
+    assert lr[id(model.rel_h)] == pytest.approx(10 * lr[id(model.value.weight)])
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, "10"])
+@pytest.mark.parametrize("value", [0.0, -1.0, "10", True])
 def test_relative_embedding_lr_factor_must_be_positive(value):
     cfg = _cfg()
     cfg.SOLVER.RELATIVE_EMBEDDING_LR_FACTOR = value
