@@ -8,7 +8,8 @@ backbone run fails with zeroed relative embeddings and with uniform attention (a
 is learned around: the float64 exactness tests catch it). The AA and all-attention runs pass broken:
 AA's attention is 20% of its channels, and the all-attention model learns about as far without
 relative positions even over the whole demo. ``tests/test_attention_learning.py`` is the learning
-test that catches each broken attention, on the SASA and AA layers themselves."""
+test that catches them on the layers themselves: every mutation for SASA, zeroed relative embeddings
+and uniform attention for AA (its global attention learns around a one-row shift)."""
 import json
 import os
 import subprocess
