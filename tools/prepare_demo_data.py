@@ -8,14 +8,14 @@
 Downloads the pinned ``deepforest==2.1.0`` wheel with pip (no dependencies, not installed) into
 ``<root>/.cache/``, reads the NEON images and boxes from it, and writes ``<root>/trees/``. A second
 run does nothing; an interrupted run leaves nothing that looks complete. The split, tiling and
-clipping rule are documented in ``tools/demo_trees.py`` (beside this script; the dataset names
-and paths it writes are ``aadet/data/trees.py``'s, the ones ``register_trees`` reads).
+clipping rule are documented in ``aadet/data/prepare_trees.py`` (the dataset names and paths it
+writes are ``aadet/data/trees.py``'s, the ones ``register_trees`` reads).
 """
 
 import argparse
 import sys
 
-import demo_trees  # tools/demo_trees.py: Python puts this script's folder on the path
+from aadet.data import prepare_trees as demo_trees
 from aadet.data.trees import default_root
 
 

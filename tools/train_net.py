@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train / evaluate an aadet detector with Detectron2 (same flags as Detectron2's train_net.py).
 
-  python tools/train_net.py --config-file configs/Demo/trees_R18_FPN.yaml
+  python tools/train_net.py --config-file configs/Demo/trees_R_26_slim_FPN.yaml
   python tools/train_net.py --config-file configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml \
       --num-gpus 8
   python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS output/model_final.pth
@@ -46,6 +46,7 @@ def main(args):
         return res
 
     Trainer.allow_mismatched_weights = args.allow_mismatched_weights
+    Trainer.config_source = (args.config_file, args.opts)
     trainer = Trainer(cfg)
     trainer.resume_or_load(resume=args.resume)
     return trainer.train()

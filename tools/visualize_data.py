@@ -2,7 +2,7 @@
 """Draw training samples after the config's augmentation (scale jitter, crop, flip) with their
 boxes, to check the recipe; or the raw annotations with --source annotation.
 
-  python tools/visualize_data.py --config-file configs/Demo/trees_R18_FPN.yaml --output vis_data/ -n 8
+  python tools/visualize_data.py --config-file configs/Demo/trees_R_26_slim_FPN.yaml --output vis_data/ -n 8
 """
 import argparse
 import os

@@ -1,11 +1,11 @@
 """Datasets: one-line COCO detection registration, the demo tree-crown dataset, dataset checks.
 
-Importing this package registers ``trees_train`` and ``trees_val`` under the default data root
+Importing this package registers ``trees_train``, ``trees_val`` and ``trees_test`` under the default data root
 (``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else ``./datasets``) without touching the
 disk; make the data with ``python tools/prepare_demo_data.py`` and call :func:`register_trees` with
 another root if you used ``--root``. The dataset's names, paths and class are
-:mod:`aadet.data.trees`; the preparation code (download, tiling) is not in the package
-(``tools/demo_trees.py``).
+:mod:`aadet.data.trees`; the preparation code (download, tiling) is
+:mod:`aadet.data.prepare_trees`, which this package does not import.
 """
 
 from .checks import Problem, check_coco_json  # noqa: F401

@@ -6,7 +6,7 @@
     register_coco_detection("my_train", "path/to/train.json", "path/to/train_images")
     # then DATASETS.TRAIN: ("my_train",)
 
-:func:`register_trees` registers the built-in demo splits ``trees_train`` and ``trees_val`` (made
+:func:`register_trees` registers the built-in demo splits ``trees_train``, ``trees_val`` and ``trees_test`` (made
 by ``python tools/prepare_demo_data.py``; names and paths in :mod:`aadet.data.trees`);
 ``import aadet.data`` does it with the default data root, without touching the disk.
 
@@ -119,7 +119,7 @@ def register_coco_detection(
 
 
 def register_trees(root=None) -> Dict[str, tuple]:
-    """Register the demo splits ``trees_train`` and ``trees_val`` under the data root ``root``.
+    """Register the demo splits ``trees_train``, ``trees_val``, ``trees_test`` under the data root ``root``.
 
     ``root`` defaults to :func:`aadet.data.trees.default_root` (``$AADET_DATASETS``, else
     ``$DETECTRON2_DATASETS``, else ``./datasets``). Lazy: the disk is read only by

@@ -3,15 +3,17 @@
 This is everything registration needs (:func:`aadet.data.register_trees`) and nothing more: no
 download, no tiling, no file writing. The data is made by ``python tools/prepare_demo_data.py``
 (its logic, the source wheel, the split by source image, the tiling and clipping rule, lives in
-``tools/demo_trees.py``), which takes these names and paths from here, so the tool and the
+:mod:`aadet.data.prepare_trees`), which takes these names and paths from here, so the tool and the
 registration cannot disagree on where the data is.
 
 Layout under the data root (``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else
 ``./datasets``)::
 
     <root>/trees/annotations/trees_train.json         COCO detection json of split "train"
-    <root>/trees/annotations/trees_val.json
-    <root>/trees/train/*.png, <root>/trees/val/*.png   images ("file_name" is relative to these)
+    <root>/trees/annotations/trees_val.json, trees_test.json
+    <root>/trees/{train,val,test}/*.png                images ("file_name" is relative to these)
+
+Recipe choices are made on ``val``; ``test`` is reported, never tuned on (docs/demo_results.md).
 """
 
 import os
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 #: The splits, in order; the registered dataset names are ``trees_<split>``.
-SPLITS: Tuple[str, ...] = ("train", "val")
+SPLITS: Tuple[str, ...] = ("train", "val", "test")
 #: The dataset's folder under the data root.
 DATASET_DIR = "trees"
 #: COCO categories of the json files (one class).

@@ -7,18 +7,31 @@
 * :class:`EMAHook`: after every optimizer step, the moving average of the weights
   (:class:`~aadet.engine.ema.ModelEMA`); ``Trainer.build_hooks`` adds it when
   ``MODEL_EMA.ENABLED``.
+* :class:`RunSummaryHook`: when training ends, ``<OUTPUT_DIR>/run_summary.json``
+  (:mod:`aadet.utils.run_summary`): config, seed, commit, machine, wall time, final metrics.
+  ``Trainer.build_hooks`` always adds it (main process only).
 """
 import logging
+import os
+import time
 
 from detectron2.engine import HookBase
+from detectron2.utils import comm
 
+from ..utils.run_summary import (
+    SUMMARY_FILE,
+    box_metrics_by_dataset,
+    config_diff,
+    make_summary,
+    write_summary,
+)
 from ..analysis.attention_stats import (
     DEFAULT_MAX_QUERIES,
     AttentionStatsCollector,
     relative_embedding_grad_ratios,
 )
 
-__all__ = ["AttentionStatsHook", "EMAHook"]
+__all__ = ["AttentionStatsHook", "EMAHook", "RunSummaryHook"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,3 +123,57 @@ class EMAHook(HookBase):
 
     def after_step(self):
         self._ema.update(self.trainer.model)
+
+
+class RunSummaryHook(HookBase):
+    """Write ``<OUTPUT_DIR>/run_summary.json`` after training (:mod:`aadet.utils.run_summary`).
+
+    ``train_seconds`` is the wall time from the first to the end of the last iteration of this
+    process (a resumed run counts its own part; ``start_iter`` says where it began), without the
+    final evaluation. Metrics are the last evaluation's (``trainer.last_eval_results``), per
+    dataset of ``DATASETS.TEST``; a run without one writes ``"metrics": {}``. Must come after
+    the evaluation hook, whose ``after_train`` runs the final evaluation.
+
+    Args:
+        config_file, opts: how the config was made (``tools/train_net.py``'s ``--config-file``
+            and overrides), recorded so that the run can be repeated.
+        repo: the checkout whose git commit is recorded.
+        defaults: the default config (``get_aadet_cfg()``) that ``config_diff`` is taken against.
+    """
+
+    def __init__(self, config_file: str, opts, repo: str, defaults):
+        self._config_file = config_file
+        self._opts = list(opts)
+        self._repo = repo
+        self._defaults = defaults
+        self._t0 = None
+        self._seconds = None
+
+    def before_train(self):
+        self._t0 = time.perf_counter()
+
+    def after_step(self):
+        if self.trainer.iter == self.trainer.max_iter - 1:
+            self._seconds = time.perf_counter() - self._t0
+
+    def after_train(self):
+        if not comm.is_main_process() or self._seconds is None:
+            return  # not the writer, or training stopped before its last iteration
+        cfg = self.trainer.cfg
+        results = getattr(self.trainer, "last_eval_results", None)
+        metrics = box_metrics_by_dataset(results, cfg.DATASETS.TEST) if results else {}
+        summary = make_summary(
+            config_file=self._config_file,
+            opts=self._opts,
+            cfg_dump=cfg.dump(),
+            diff=config_diff(cfg, self._defaults),
+            seed=cfg.SEED,
+            repo=self._repo,
+            iterations=self.trainer.max_iter - self.trainer.start_iter,
+            train_seconds=self._seconds,
+            metrics=metrics,
+        )
+        summary["start_iter"] = self.trainer.start_iter
+        path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
+        write_summary(summary, path)
+        logger.info("Run summary: %s", path)

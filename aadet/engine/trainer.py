@@ -15,6 +15,8 @@ Differences from ``DefaultTrainer``, each for a reason:
 * with ``TEST.AUG.ENABLED``, a test-time-augmented evaluation after training as well
   (:meth:`Trainer.test_with_TTA`, results under ``bbox_TTA``), as Detectron2's ``train_net.py``
   does for R-CNNs, here for RetinaNet (:class:`~aadet.modeling.RetinaNetWithTTA`);
+* a run summary (``<OUTPUT_DIR>/run_summary.json``: config, seed, commit, machine, wall time,
+  final metrics; :class:`~aadet.engine.hooks.RunSummaryHook`) when training ends;
 * with ``MODEL_EMA.ENABLED``, a moving average of the weights (:class:`~aadet.engine.ema.ModelEMA`,
   updated by :class:`~aadet.engine.hooks.EMAHook`, checkpointed as ``model_ema`` and restored by
   ``--resume``) is what every evaluation in training measures.
@@ -40,10 +42,14 @@ from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 from .ema import ModelEMA
-from .hooks import AttentionStatsHook, EMAHook
+from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
+from .defaults import get_aadet_cfg
 from .optimizer import build_optimizer
 
 __all__ = ["Trainer"]
+
+# The checkout whose commit a run summary records (the one this package is imported from).
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _has_fast_coco_eval() -> bool:
@@ -62,6 +68,13 @@ class Trainer(DefaultTrainer):
 
     #: The moving average of the weights (``MODEL_EMA.ENABLED``), built by :meth:`build_hooks`.
     model_ema = None
+
+    #: ``(config_file, opts)`` the config was made from, for the run summary; set by
+    #: ``tools/train_net.py``.
+    config_source = ("", ())
+
+    #: The last evaluation's results (``DefaultTrainer.test``'s dict), None before one.
+    last_eval_results = None
 
     def __init__(self, cfg):
         with ddp_without_device_ids_on_cpu():
@@ -146,8 +159,10 @@ class Trainer(DefaultTrainer):
     def _evaluate(self):
         # DefaultTrainer.build_hooks' test_and_save_results, on the evaluated weights.
         with self.evaluated_weights():
-            self._last_eval_results = self.test(self.cfg, self.model)
-        return self._last_eval_results
+            self.last_eval_results = self.test(self.cfg, self.model)
+        # DefaultTrainer.train() returns (and checks TEST.EXPECTED_RESULTS against) this name.
+        self._last_eval_results = self.last_eval_results
+        return self.last_eval_results
 
     def _evaluate_with_TTA(self):
         with self.evaluated_weights():
@@ -203,4 +218,7 @@ class Trainer(DefaultTrainer):
             extra.append(hooks.EvalHook(0, self._evaluate_with_TTA))
         idx = next((i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret))
         ret[idx:idx] = extra
+        # Last: its after_train reads the final evaluation that the EvalHooks' after_train ran.
+        config_file, opts = self.config_source
+        ret.append(RunSummaryHook(config_file, opts, _REPO, get_aadet_cfg()))
         return ret

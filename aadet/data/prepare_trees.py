@@ -1,7 +1,7 @@
 """Making the demo dataset: NEON tree crowns from the ``deepforest==2.1.0`` wheel, as COCO tiles.
 
-Used by ``tools/prepare_demo_data.py``; not part of the ``aadet`` package (``import aadet``
-downloads and writes nothing). Split names, dataset names, paths and the class come from
+Used by ``tools/prepare_demo_data.py``. ``import aadet`` does not load this module (it downloads
+and writes nothing); import it as ``aadet.data.prepare_trees``. Split names, dataset names, paths and the class come from
 :mod:`aadet.data.trees`, which the registration (:func:`aadet.data.register_trees`) reads too.
 
 Source. The ``deepforest`` wheel on the package index ships hand-labelled RGB aerial images of tree
@@ -12,16 +12,21 @@ straight from the zip archive. Box coordinates are taken as written, as continuo
 coordinates (DeepForest reads them the same way; in these files ``1 <= xmin`` and
 ``xmax <= width``).
 
-Split, by source image (no tile of a val image is in train; :data:`SOURCES`)::
+Split, by source image (no source image is in two splits; :data:`SOURCES`)::
 
     source image                              size (WxH)   boxes  split
     2019_YELL_2_528000_4978000_image_crop2    2299x2472    574    train
     OSBS_029                                  400x400       61    train
     2019_YELL_2_541000_4977000_image_crop     1249x1035    279    val
+    SOAP_061                                  400x400       37    test
 
 Val is a whole image from the same NEON site (YELL) as the big train image: it measures detection
-on an unseen area, not on an unseen site. OSBS_029 (another site, 61 boxes) is too small to be a
-useful val set on its own and stays in train.
+on an unseen area, not on an unseen site, and every recipe choice of the demo configs was made on
+it. Test is the one annotated image of the wheel that no other split uses: another site (SOAP,
+Sierra Nevada), 37 crowns of which 28 are labelled "Dead" and 9 "Alive" in the XML (both are
+tree crowns: the class here is "Tree"). It measures transfer to an unseen site; with 37 boxes one
+crown moves AP50 by about 2.7 points (docs/demo_results.md says what it can and cannot show).
+OSBS_029 (another site, 61 boxes) stays in train, where the demo recipe was tuned with it.
 
 Tiles. Each source image is cut into ``TILE_SIZE`` x ``TILE_SIZE`` windows (an image side shorter
 than the tile gives a tile as long as that side: OSBS_029 is one tile). Per axis we use the fewest
@@ -30,7 +35,7 @@ every tile lies fully inside the image and the overlap is shared equally (:func:
 
 * train: stride 300 (>= 100 px overlap, so almost every crown is whole in some tile);
   tiles without boxes are dropped;
-* val: stride 400 = tile size, i.e. the fewest tiles that cover the image (4 x 3 for 1249x1035,
+* val and test: stride 400 = tile size, i.e. the fewest tiles that cover the image (4 x 3 for 1249x1035,
   offsets x 0/283/566/849, y 0/318/635), so a val box is counted in as few tiles as possible;
   all tiles are kept.
 
@@ -119,6 +124,7 @@ WHEEL_DATA_DIR = "deepforest/data/"
 SOURCES: Dict[str, Tuple[str, ...]] = {
     "train": ("2019_YELL_2_528000_4978000_image_crop2", "OSBS_029"),
     "val": ("2019_YELL_2_541000_4977000_image_crop",),
+    "test": ("SOAP_061",),
 }
 MANIFEST = "MANIFEST.json"
 FORMAT_VERSION = 1  # bump when the output format changes: forces a rebuild
@@ -126,13 +132,13 @@ FORMAT_VERSION = 1  # bump when the output format changes: forces a rebuild
 # ---------------------------------------------------------------- tiling defaults
 TILE_SIZE = 400  # tile side in pixels
 TRAIN_STRIDE = 300  # largest spacing of train tiles (overlap >= TILE_SIZE - TRAIN_STRIDE)
-VAL_STRIDE = 400  # = TILE_SIZE: fewest tiles that cover each val image
+VAL_STRIDE = 400  # = TILE_SIZE: fewest tiles that cover each val and test image
 MIN_VISIBLE = 0.5  # keep a cut box when >= this fraction of its area is inside the tile
-DROP_EMPTY = {"train": True, "val": False}  # drop tiles without boxes (train only)
+DROP_EMPTY = {"train": True, "val": False, "test": False}  # drop tiles without boxes (train only)
 
 for _table in (SOURCES, DROP_EMPTY):  # keyed by the library's split names, all of them
     if tuple(_table) != SPLITS:
-        raise ImportError(f"tools/demo_trees.py: {tuple(_table)} are not the splits {SPLITS}")
+        raise ImportError(f"aadet.data.prepare_trees: {tuple(_table)} are not the splits {SPLITS}")
 del _table
 
 
@@ -441,7 +447,7 @@ def _params(tile_size: int, train_stride: int, val_stride: int, min_visible: flo
         "wheel_sha256": WHEEL_SHA256,
         "splits": {split: list(stems) for split, stems in SOURCES.items()},
         "tile_size": tile_size,
-        "stride": {"train": train_stride, "val": val_stride},
+        "stride": {"train": train_stride, "val": val_stride, "test": val_stride},
         "min_visible": min_visible,
         "drop_empty": dict(DROP_EMPTY),
         "category": CATEGORIES[0]["name"],

@@ -1,0 +1,219 @@
+"""Run summaries: the few kilobytes that make a training figure re-runnable.
+
+Every training run writes ``<OUTPUT_DIR>/run_summary.json`` when it ends
+(:class:`aadet.engine.hooks.RunSummaryHook`); the runs a document cites are copied into
+``docs/runs/`` (``tools/record_demo_results.py``), and every number of ``docs/demo_results.json``
+and of the docs' tables is computed from those copies (a test checks it). A summary holds::
+
+    {"format": 1,
+     "config_file": "configs/Demo/trees_R_26_slim_FPN.yaml",   # relative to the repository
+     "opts": ["SEED", "42", ...],                               # command-line overrides
+     "config_sha256": "...",          # sha256 of the full resolved config (cfg.dump())
+     "config_diff": {"MODEL.RESNETS.DEPTH": 26, ...},  # every key that differs from the defaults
+     "seed": 42,
+     "commit": "60289aa...", "dirty": false,            # git HEAD of the code that ran
+     "machine": {"cpu": "AMD EPYC 7B13", "cpu_count": 2, "torch_threads": 2, "gpu": null,
+                 "torch": "2.14.1", "python": "3.11.9"},
+     "iterations": 756, "train_seconds": 251.3,         # wall time of the training loop
+     "load_average": [2.1, 2.0, 1.7],   # os.getloadavg() at its end: > cores means shared CPU
+     "metrics": {"trees_val": {"AP": 14.2, "AP50": 47.3, "AP75": 3.9}, "trees_test": {...}}}
+
+Everything here is plain Python (json, os, subprocess): no Detectron2, so tests and tools read
+summaries without building a model.
+"""
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+__all__ = [
+    "SUMMARY_FILE",
+    "FORMAT",
+    "BOX_METRICS",
+    "machine_description",
+    "git_commit",
+    "config_diff",
+    "box_metrics_by_dataset",
+    "last_box_metrics",
+    "make_summary",
+    "write_summary",
+    "load_summary",
+    "load_summaries",
+]
+
+#: The file name of a run's summary, in its OUTPUT_DIR and (renamed) under docs/runs/.
+SUMMARY_FILE = "run_summary.json"
+#: Bumped when the layout above changes.
+FORMAT = 1
+#: The COCO box metrics a summary keeps per dataset.
+BOX_METRICS = ("AP", "AP50", "AP75")
+
+#: Keys that say where and how often a run writes, not what it trains: left out of config_diff.
+_NOT_RECIPE = ("OUTPUT_DIR", "SEED", "MODEL.DEVICE", "DATALOADER.NUM_WORKERS")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_description() -> Dict[str, object]:
+    """CPU model, cores, torch threads, GPU name (or None), torch and Python versions."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "torch": torch.__version__.split("+")[0],
+        "python": platform.python_version(),
+    }
+
+
+def git_commit(path: str) -> Dict[str, object]:
+    """``{"commit": HEAD or None, "dirty": bool or None}`` of the git checkout holding ``path``."""
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", path, *args], capture_output=True, text=True, timeout=30
+        )
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _flatten(node, prefix="") -> Dict[str, object]:
+    out = {}
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_diff(cfg, defaults) -> Dict[str, object]:
+    """Every key of ``cfg`` whose value differs from ``defaults`` (both yacs/Detectron2 configs),
+    flattened (``"MODEL.RESNETS.DEPTH": 26``), without the keys that do not change what is
+    trained (output folder, seed, device, loader workers)."""
+    a, b = _flatten(cfg), _flatten(defaults)
+    return {
+        k: v for k, v in sorted(a.items())
+        if b.get(k, object()) != v and k not in _NOT_RECIPE
+    }
+
+
+def box_metrics_by_dataset(results: Mapping, datasets: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """``{dataset: {"AP", "AP50", "AP75"}}`` from what Detectron2's ``DefaultTrainer.test``
+    returns: ``{"bbox": {...}}`` for one dataset, ``{name: {"bbox": {...}}}`` for several."""
+    if len(datasets) == 1 and "bbox" in results:
+        results = {datasets[0]: results}
+    out = {}
+    for name in datasets:
+        box = results.get(name, {}).get("bbox")
+        if box is None:
+            raise ValueError(f"no bbox results for {name!r} in {sorted(results)}")
+        out[name] = {k: round(float(box[k]), 4) for k in BOX_METRICS}
+    return out
+
+
+def last_box_metrics(metrics_json: str, dataset: Optional[str] = None) -> Dict[str, float]:
+    """The last ``AP``/``AP50``/``AP75`` of ``dataset`` in a run's ``metrics.json``.
+
+    Detectron2 writes ``bbox/AP50`` when a run evaluates one dataset and ``<name>/bbox/AP50``
+    when it evaluates several; ``dataset`` picks one of several (None: the only one).
+    """
+    with open(metrics_json) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    prefix = f"{dataset}/bbox/" if dataset else "bbox/"
+    evals = [r for r in rows if prefix + "AP50" in r]
+    if not evals and dataset:  # a run that evaluated only this dataset
+        prefix = "bbox/"
+        evals = [r for r in rows if prefix + "AP50" in r]
+    if not evals:
+        raise ValueError(f"{metrics_json}: no {prefix}AP50 row (the run was not evaluated)")
+    return {k: evals[-1][prefix + k] for k in BOX_METRICS}
+
+
+def make_summary(
+    *,
+    config_file: str,
+    opts: Iterable[str],
+    cfg_dump: str,
+    diff: Dict[str, object],
+    seed: int,
+    repo: str,
+    iterations: int,
+    train_seconds: float,
+    metrics: Dict[str, Dict[str, float]],
+) -> Dict[str, object]:
+    """A summary dict (layout in the module docstring). ``config_file`` is stored relative to
+    ``repo`` when it lies inside it."""
+    path = os.path.abspath(config_file) if config_file else ""
+    if path and os.path.commonpath([path, os.path.abspath(repo)]) == os.path.abspath(repo):
+        path = os.path.relpath(path, repo)
+    return {
+        "format": FORMAT,
+        "config_file": path.replace(os.sep, "/"),
+        "opts": [str(o) for o in opts],
+        "config_sha256": hashlib.sha256(cfg_dump.encode()).hexdigest(),
+        "config_diff": diff,
+        "seed": int(seed),
+        **git_commit(repo),
+        "machine": machine_description(),
+        "iterations": int(iterations),
+        "train_seconds": round(float(train_seconds), 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "metrics": metrics,
+    }
+
+
+def write_summary(summary: Mapping, path: str) -> None:
+    """Write ``summary`` as indented json, atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def load_summary(path: str) -> Dict[str, object]:
+    """Read one summary; ValueError naming the file if it is not one."""
+    with open(path) as f:
+        data = json.load(f)
+    missing = [k for k in ("format", "config_file", "seed", "metrics", "machine") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: not a run summary (missing {missing})")
+    if data["format"] != FORMAT:
+        raise ValueError(f"{path}: summary format {data['format']}, expected {FORMAT}")
+    return data
+
+
+def load_summaries(folder: str) -> List[Dict[str, object]]:
+    """Every ``*.json`` summary under ``folder`` (recursively), sorted by path; each gets its
+    path relative to ``folder`` as ``"_file"``."""
+    out = []
+    for dirpath, _, names in sorted(os.walk(folder)):
+        for n in sorted(names):
+            if n.endswith(".json"):
+                full = os.path.join(dirpath, n)
+                s = load_summary(full)
+                s["_file"] = os.path.relpath(full, folder).replace(os.sep, "/")
+                out.append(s)
+    return out
