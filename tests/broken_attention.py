@@ -54,8 +54,26 @@ def break_attention(mutation: str, patch=setattr):
     patch(aa, "relative_self_attention_2d", broken_relative)
 
 
+def mark_summary(argv, mutation: str) -> None:
+    """Record ``mutation`` as ``"broken_attention"`` in the run's summary (``OUTPUT_DIR`` of the
+    command line), so that a broken run can never pass for a correct one in docs/runs."""
+    from aadet.utils.run_summary import SUMMARY_FILE, load_summary, write_summary
+
+    if "OUTPUT_DIR" not in argv:
+        return
+    path = os.path.join(argv[argv.index("OUTPUT_DIR") + 1], SUMMARY_FILE)
+    if os.path.isfile(path):
+        summary = load_summary(path)
+        summary["broken_attention"] = mutation
+        write_summary(summary, path)
+
+
 if __name__ == "__main__":
-    break_attention(sys.argv.pop(1))
+    mutation = sys.argv.pop(1)
+    break_attention(mutation)
     sys.path.insert(0, os.path.join(REPO, "tools"))
     sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        mark_summary(sys.argv, mutation)

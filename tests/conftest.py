@@ -1,15 +1,15 @@
 """Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
 
 ``tools/`` is on the test path (``pythonpath = . tools`` in pytest.ini), so tests import the tools'
-modules (``demo_trees``, ``visualize_detections``, ...) by name, as the tools import each other.
+modules (``visualize_detections``, ...) by name.
 """
 import os
 
 import pytest
 
-import demo_trees  # tools/demo_trees.py
+from aadet.data import prepare_trees as demo_trees
 from aadet.data import register_trees
-from demo_trees import WHEEL_NAME
+from aadet.data.prepare_trees import WHEEL_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,7 @@ def hooks_trainer(tmp_path):
 @pytest.fixture(scope="session")
 def trees_root(wheel):
     """The demo dataset under ``$AADET_DATASETS`` or ``./datasets`` (built once, idempotent, shared
-    with ``make demo``), registered as ``trees_train`` / ``trees_val``."""
+    with ``make demo``), registered as ``trees_train`` / ``trees_val`` / ``trees_test``."""
     root = os.environ.get("AADET_DATASETS") or os.path.join(REPO, "datasets")
     demo_trees.prepare(root, wheel=wheel)
     register_trees(root)

@@ -25,7 +25,7 @@ from aadet.analysis.model_table import (
     render_markdown,
 )
 from aadet.analysis.report import markdown_table
-from aadet.analysis.timing import PeakMemory, time_fn
+from aadet.analysis.timing import time_fn
 from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,39 +258,6 @@ def test_model_table_text_is_the_tools():
 def test_parse_markdown_errors():
     with pytest.raises(ValueError, match="model-table:begin"):
         parse_markdown("no table here")
-
-
-def _fake_run(root, seed, aps):
-    os.makedirs(root)
-    with open(os.path.join(root, "config.yaml"), "w") as f:
-        f.write(f"SEED: {seed}\n")
-    with open(os.path.join(root, "metrics.json"), "w") as f:
-        f.write(json.dumps({"iteration": 10, "total_loss": 1.0}) + "\n")
-        f.write(json.dumps({"iteration": 20, "bbox/AP": 1.0, "bbox/AP50": 2.0, "bbox/AP75": 0.0}) + "\n")
-        f.write(json.dumps({"iteration": 30, "bbox/AP": aps[0], "bbox/AP50": aps[1],
-                            "bbox/AP75": aps[2]}) + "\n")
-    return str(root)
-
-
-def test_record_demo_results_means_and_spread(tmp_path):
-    """Three seeds -> means (what the model table shows), AP50 spread and every run; other entries kept."""
-    tool = _load_tool("record_demo_results")
-    runs = [_fake_run(tmp_path / f"s{s}", s, aps) for s, aps in
-            ((42, (10.0, 35.0, 3.0)), (7, (11.0, 38.0, 2.0)), (123, (12.0, 35.6, 4.0)))]
-    out = tmp_path / "demo_results.json"
-    out.write_text(json.dumps({"other": {"AP": 1.0}}))
-    assert tool.main(["configs/Demo/trees_R_26_slim_FPN.yaml", *runs, "--file", str(out),
-                      "--note", "test"]) == 0
-    data = load_demo_results(str(out))
-    e = data["trees_R_26_slim_FPN"]
-    assert (e["AP"], e["AP50"], e["AP75"]) == (11.0, 36.2, 3.0)
-    assert (e["AP50_min"], e["AP50_max"], e["seeds"]) == (35.0, 38.0, [42, 7, 123])
-    assert e["runs"][1] == {"seed": 7, "AP": 11.0, "AP50": 38.0, "AP75": 2.0}
-    assert data["other"] == {"AP": 1.0} and e["note"] == "test"
-    # a run that never evaluated is named, and nothing is written
-    os.makedirs(tmp_path / "empty")
-    assert tool.main(["x", str(tmp_path / "empty"), "--file", str(out)]) == 1
-    assert "x" not in load_demo_results(str(out))
 
 
 # ----------------------------------------------------------------------------- timing helpers

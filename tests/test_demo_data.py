@@ -1,4 +1,4 @@
-"""Tests of the demo tree-crown dataset (made by ``tools/demo_trees.py``, registered by
+"""Tests of the demo tree-crown dataset (made by ``aadet.data.prepare_trees``, registered by
 ``aadet.data``), COCO registration and the dataset checker.
 
 The pinned ``deepforest==2.1.0`` wheel is found at ``$AADET_DEMO_WHEEL``, else
@@ -20,16 +20,23 @@ from PIL import Image
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.structures import BoxMode
 
-import demo_trees  # tools/demo_trees.py (tools/ is on the test path: pytest.ini)
 from aadet.data import check_coco_json, register_coco_detection, register_trees, trees
-from demo_trees import SOURCES, WHEEL_DATA_DIR, WHEEL_NAME
+from aadet.data import prepare_trees as demo_trees
+from aadet.data.prepare_trees import SOURCES, WHEEL_DATA_DIR, WHEEL_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VAL_STEM = "2019_YELL_2_541000_4977000_image_crop"
-EXPECTED_SOURCES = {  # stem: (width, height, boxes), from the issue
+TEST_STEM = "SOAP_061"
+EXPECTED_SOURCES = {  # stem: (width, height, boxes)
     "2019_YELL_2_528000_4978000_image_crop2": (2299, 2472, 574),
     VAL_STEM: (1249, 1035, 279),
     "OSBS_029": (400, 400, 61),
+    TEST_STEM: (400, 400, 37),
+}
+COUNTS = {  # dataset: tiles and boxes of the prepared data
+    "trees_train": {"images": 62, "boxes": 1067},
+    "trees_val": {"images": 12, "boxes": 414},
+    "trees_test": {"images": 1, "boxes": 37},
 }
 
 
@@ -172,7 +179,7 @@ def test_default_root(monkeypatch):
 # ---------------------------------------------------------------- the prepared dataset
 def test_layout_and_coco_fields(prepared):
     assert prepared.built
-    assert set(prepared.splits) == {"trees_train", "trees_val"}
+    assert set(prepared.splits) == {"trees_train", "trees_val", "trees_test"}
     for split in trees.SPLITS:
         coco, image_root = _split_json(prepared, split)
         assert coco["categories"] == [{"id": 1, "name": "Tree"}]
@@ -204,14 +211,24 @@ def test_split_by_source_image(prepared):
         demo_trees.parse_tile_file_name(im["file_name"])[0]
         for im in _split_json(prepared, "train")[0]["images"]
     }
-    val_sources = {
-        demo_trees.parse_tile_file_name(im["file_name"])[0]
-        for im in _split_json(prepared, "val")[0]["images"]
-    }
-    assert val_sources == {VAL_STEM}
+    val_sources, test_sources = (
+        {
+            demo_trees.parse_tile_file_name(im["file_name"])[0]
+            for im in _split_json(prepared, split)[0]["images"]
+        }
+        for split in ("val", "test")
+    )
+    assert val_sources == {VAL_STEM} and test_sources == {TEST_STEM}
     assert train_sources == set(SOURCES["train"])
-    assert not train_sources & val_sources
-    assert not any(VAL_STEM in n for n in os.listdir(prepared.splits["trees_train"][1]))
+    assert not train_sources & val_sources and not (train_sources | val_sources) & test_sources
+    assert not any(VAL_STEM in n or TEST_STEM in n for n in os.listdir(prepared.splits["trees_train"][1]))
+    assert not any(TEST_STEM in n for n in os.listdir(prepared.splits["trees_val"][1]))
+
+
+def test_test_split_keeps_dead_and_alive_crowns_as_trees(sources):
+    """SOAP_061's XML labels 28 crowns "Dead" and 9 "Alive": all are the one class, Tree."""
+    labels = sources[TEST_STEM].labels
+    assert (labels.count("Dead"), labels.count("Alive"), len(labels)) == (28, 9, 37)
 
 
 def _expected_tile_boxes(src, x0, y0, tw, th):
@@ -225,14 +242,14 @@ def _expected_tile_boxes(src, x0, y0, tw, th):
     return sorted(out)
 
 
-@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("split", ["train", "val", "test"])
 def test_tiles_follow_the_rule_exactly(prepared, sources, split):
     coco, _ = _split_json(prepared, split)
     by_image = {}
     for a in coco["annotations"]:
         x, y, w, h = a["bbox"]
         by_image.setdefault(a["image_id"], []).append((x, y, x + w, y + h))
-    stride = {"train": demo_trees.TRAIN_STRIDE, "val": demo_trees.VAL_STRIDE}[split]
+    stride = demo_trees.TRAIN_STRIDE if split == "train" else demo_trees.VAL_STRIDE
     got_tiles = set()
     for im in coco["images"]:
         stem, x0, y0 = demo_trees.parse_tile_file_name(im["file_name"])
@@ -246,15 +263,13 @@ def test_tiles_follow_the_rule_exactly(prepared, sources, split):
         src = sources[stem]
         for y0 in demo_trees.tile_offsets(src.height, 400, stride):
             for x0 in demo_trees.tile_offsets(src.width, 400, stride):
-                if split == "val" or _expected_tile_boxes(
+                if split != "train" or _expected_tile_boxes(
                     src, x0, y0, min(400, src.width), min(400, src.height)
                 ):
                     want_tiles.add((stem, x0, y0))
     assert got_tiles == want_tiles
-    if split == "val":
-        assert len(coco["images"]) == 12 and len(coco["annotations"]) == 414
-    else:
-        assert len(coco["images"]) == 62 and len(coco["annotations"]) == 1067
+    counts = COUNTS[f"trees_{split}"]
+    assert (len(coco["images"]), len(coco["annotations"])) == (counts["images"], counts["boxes"])
 
 
 def test_every_source_box_is_whole_in_some_tile(prepared, sources):
@@ -288,11 +303,8 @@ def test_manifest(prepared):
     manifest = _load_json(os.path.join(prepared.dataset_dir, "MANIFEST.json"))
     assert manifest["params"]["wheel_sha256"] == demo_trees.WHEEL_SHA256
     assert manifest["params"]["tile_size"] == 400
-    assert manifest["counts"] == {
-        "trees_train": {"images": 62, "boxes": 1067},
-        "trees_val": {"images": 12, "boxes": 414},
-    }
-    assert "annotations/trees_val.json" in manifest["files"]
+    assert manifest["counts"] == COUNTS
+    assert {"annotations/trees_val.json", "annotations/trees_test.json"} <= set(manifest["files"])
 
 
 # ---------------------------------------------------------------- idempotence and interrupted runs
@@ -308,6 +320,7 @@ def test_second_run_does_nothing(prepared, wheel, capsys):
     assert not os.path.exists(os.path.join(root, ".cache"))
     out = capsys.readouterr().out
     assert "trees_train: 62 images, 1067 boxes" in out and "trees_val: 12 images, 414 boxes" in out
+    assert "trees_test: 1 images, 37 boxes" in out
     assert not _tmp_dirs(root)
 
 
@@ -487,11 +500,11 @@ def test_register_trees(prepared, tmp_path, restore_trees_registration):
 
 
 def test_import_registers_default_names():
-    assert {"trees_train", "trees_val"} <= set(DatasetCatalog.list())
+    assert {"trees_train", "trees_val", "trees_test"} <= set(DatasetCatalog.list())
     assert trees.SPLITS == tuple(SOURCES) and set(trees.dataset_paths()) == {
-        "trees_train", "trees_val"}
-    with pytest.raises(ValueError, match=r"split must be one of \('train', 'val'\), got 'test'"):
-        trees.dataset_name("test")
+        "trees_train", "trees_val", "trees_test"}
+    with pytest.raises(ValueError, match=r"split must be one of \('train', 'val', 'test'\), got 'eval'"):
+        trees.dataset_name("eval")
 
 
 # Source text that marks download / archive / file-preparation code (tools/demo_trees.py has all).
@@ -643,8 +656,8 @@ def test_check_dataset_cli(tmp_path, prepared, capsys):
 
 @pytest.mark.slow  # a fresh interpreter importing Detectron2 (test_prepare_demo_data_cli is fast)
 def test_prepare_demo_data_script_runs_from_anywhere(prepared, wheel, tmp_path):
-    """``python tools/prepare_demo_data.py`` imports its sibling ``demo_trees`` and the installed
-    ``aadet`` with no ``sys.path`` edits (here ``aadet`` comes from $PYTHONPATH)."""
+    """``python tools/prepare_demo_data.py`` imports the installed ``aadet`` with no ``sys.path``
+    edits (here ``aadet`` comes from $PYTHONPATH)."""
     root = os.path.dirname(prepared.dataset_dir)
     cmd = [sys.executable, os.path.join(REPO, "tools", "prepare_demo_data.py"), "--root", root,
            "--wheel", wheel]
@@ -655,6 +668,7 @@ def test_prepare_demo_data_script_runs_from_anywhere(prepared, wheel, tmp_path):
         "trees_train: 62 images, 1067 boxes -> "
         f"{prepared.splits['trees_train'][0]} (up to date)",
         f"trees_val: 12 images, 414 boxes -> {prepared.splits['trees_val'][0]} (up to date)",
+        f"trees_test: 1 images, 37 boxes -> {prepared.splits['trees_test'][0]} (up to date)",
     ]
 
 

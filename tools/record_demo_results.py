@@ -1,44 +1,125 @@
 #!/usr/bin/env python
-"""Record demo results (the model table's "Demo AP" column) from finished training runs.
+"""Record finished demo runs under docs/runs/ and regenerate every demo figure from them.
 
-    python tools/record_demo_results.py trees_R_26_slim_FPN output/demo_s42 output/demo_s7 output/demo_s123 \\
-        --note "3 seeds, 2 CPU cores, 2026-11-23"
+    python tools/record_demo_results.py output/runs/trees_R_26_slim_FPN_s42 ...   # add runs
+    python tools/record_demo_results.py                                           # regenerate
+    python tools/record_demo_results.py --into learning output/learning/*/        # learning tests
+    python tools/record_demo_results.py --check     # exit 1 if a generated file is out of date
 
-Reads each run directory's ``metrics.json`` (its last evaluation) and ``config.yaml`` (SEED), and
-writes the entry (means, AP50 spread, every run; :func:`aadet.analysis.model_table.demo_result_from_runs`)
-under the config's name into ``docs/demo_results.json`` (``--file``), keeping the other entries.
-Then regenerate the model table: ``python tools/analyze_model.py --all --markdown > docs/model_table.md``.
+Each run directory's ``run_summary.json`` (written by every training run) is copied to
+``docs/runs/<into>/<run directory name>.json`` (``--into``: ``demo``, the default, or ``learning``
+for the learning tests' measurements, ``tests/learning_runs.py``). Then, from the summaries
+(:mod:`aadet.analysis.demo_results`): ``docs/demo_results.json`` and the generated tables of
+``docs/demo_results.md`` and ``README.md`` (from ``docs/runs/demo``), and the learning table of
+``docs/testing.md`` (from ``docs/runs/learning``). Run ``make docs`` afterwards for the model
+table's demo column.
 """
 import argparse
+import difflib
 import json
 import os
+import shutil
 import sys
 
-from aadet.analysis.model_table import demo_result_from_runs, load_demo_results
+from aadet.analysis.demo_results import (
+    BASELINE,
+    build_demo_results,
+    render_learning_table,
+    render_results_table,
+    render_variant_table,
+    replace_block,
+)
+from aadet.utils.run_summary import SUMMARY_FILE, load_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: The committed demo configs, in the order of the headline table.
+DEMOS = (
+    BASELINE,
+    "trees_AA_R_26_slim_FPN",
+    "trees_SASA_R_26_slim_FPN",
+    "trees_SASA_full_attention_R_26_slim",
+)
+#: Recipe choices made on val, re-judged on test: (committed entry, alternative entry).
+CHOICES = (
+    (BASELINE, f"{BASELINE} INPUT.SCALE_JITTER.FLIP_PROB=0.5"),
+    (BASELINE, f"{BASELINE} INPUT.SCALE_JITTER.FLIP_PROB=0.0"),
+    (BASELINE, f"{BASELINE} INPUT.MIN_SIZE_TEST=400 INPUT.MAX_SIZE_TEST=400"),
+    (BASELINE, f"{BASELINE} TEST.BBOX_VOTE.ENABLED=False"),
+)
+
+
+#: The broken-attention mutations of tests/broken_attention.py, the learning table's columns.
+MUTATIONS = ("relative_zero", "off_by_one", "uniform")
+#: Where summaries go, by ``--into``.
+KINDS = ("demo", "learning")
+
+
+def generated_files(runs_dir: str, repo: str):
+    """``{path: new text}`` of every file generated from the summaries under ``runs_dir``."""
+    results = build_demo_results(os.path.join(runs_dir, "demo"))
+    out = {os.path.join(repo, "docs", "demo_results.json"): json.dumps(results, indent=1) + "\n"}
+    learning_md = os.path.join(repo, "docs", "testing.md")
+    if os.path.isfile(learning_md):
+        learning = build_demo_results(os.path.join(runs_dir, "learning"))
+        with open(learning_md) as f:
+            out[learning_md] = replace_block(
+                f.read(), "learning", render_learning_table(learning, MUTATIONS)
+            )
+    headline = render_results_table(results, DEMOS)
+    for rel in ("docs/demo_results.md", "README.md"):
+        path = os.path.join(repo, rel)
+        with open(path) as f:
+            text = f.read()
+        text = replace_block(text, "headline", headline)
+        if rel.startswith("docs"):
+            text = replace_block(text, "choices", render_variant_table(results, CHOICES))
+        out[path] = text
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config_name", help="config file name without .yaml, e.g. trees_R_26_slim_FPN")
-    p.add_argument("runs", nargs="+", help="finished OUTPUT_DIRs of that config (one per seed)")
-    p.add_argument("--file", default=os.path.join(REPO, "docs", "demo_results.json"))
-    p.add_argument("--note", default="", help="where/when measured (machine, date)")
+    p.add_argument("runs", nargs="*", help="finished OUTPUT_DIRs to add (each has run_summary.json)")
+    p.add_argument("--into", choices=KINDS, default="demo", help="which docs/runs/ folder")
+    p.add_argument("--runs-dir", default=os.path.join(REPO, "docs", "runs"))
+    p.add_argument("--repo", default=REPO, help=argparse.SUPPRESS)
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if out of date")
     args = p.parse_args(argv)
-    name = os.path.splitext(os.path.basename(args.config_name))[0]
+    if args.check and args.runs:
+        p.error("--check takes no run directories")
+    for kind in KINDS:
+        os.makedirs(os.path.join(args.runs_dir, kind), exist_ok=True)
+    for run in args.runs:
+        src = os.path.join(run, SUMMARY_FILE)
+        try:
+            load_summary(src)
+        except (OSError, ValueError) as e:
+            print(f"record_demo_results: {run}: {e}", file=sys.stderr)
+            return 1
+        dst = os.path.join(args.runs_dir, args.into, os.path.basename(os.path.normpath(run)) + ".json")
+        shutil.copyfile(src, dst)
+        print(f"{src} -> {dst}")
     try:
-        entry = demo_result_from_runs(args.runs, args.note)
+        files = generated_files(args.runs_dir, args.repo)
     except ValueError as e:
         print(f"record_demo_results: {e}", file=sys.stderr)
         return 1
-    data = load_demo_results(args.file)
-    data[name] = entry
-    with open(args.file, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    runs = ", ".join(f"{r['AP50']:.1f} (seed {r['seed']})" for r in entry["runs"])
-    print(f"{name}: AP50 mean {entry['AP50']:.2f} [{runs}] -> {args.file}")
+    stale = []
+    for path, text in files.items():
+        old = open(path).read() if os.path.isfile(path) else ""
+        if old == text:
+            continue
+        if args.check:
+            diff = difflib.unified_diff(old.splitlines(), text.splitlines(), path, "generated", lineterm="")
+            stale.append("\n".join(list(diff)[:40]))
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+            print(f"updated {path}")
+    if stale:
+        print("out of date (run tools/record_demo_results.py):\n" + "\n".join(stale), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -16,6 +16,7 @@ from detectron2.utils.logger import setup_logger  # noqa: E402
 import aadet  # noqa: E402,F401  (registers models and datasets)
 from aadet.data import register_trees  # noqa: E402
 from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config  # noqa: E402
+from aadet.engine.hooks import write_run_summary  # noqa: E402
 
 
 def setup(args):
@@ -43,6 +44,7 @@ def main(args):
             res.update(Trainer.test_with_TTA(cfg, model))
         if comm.is_main_process():
             verify_results(cfg, res)
+            write_run_summary(cfg, args.config_file, args.opts, res, eval_only=True)
         return res
 
     Trainer.allow_mismatched_weights = args.allow_mismatched_weights

@@ -4,8 +4,8 @@
 One row per config: parameters (total; bottom-up / FPN / head), FLOPs at ``size x size`` (the
 papers' FLOPs, 2 per multiply-add, and the attention share; convention in
 :mod:`aadet.analysis.flops`), the paper's params / GFLOPs / COCO mAP with our difference, and the
-box AP measured on the demo data where a demo result is recorded (``docs/demo_results.json``,
-see :func:`load_demo_results`).
+AP50 measured on the demo data's test and val splits where runs are recorded
+(``docs/demo_results.json``, see :func:`load_demo_results`).
 
 The rendered table sits between :data:`TABLE_BEGIN` and :data:`TABLE_END` so that a README can
 include it and a test can compare it with a fresh run of the tool (:func:`parse_markdown`).
@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .demo_results import TEST, VAL
 from .flops import detector_flops, flop_breakdown
 from .paper import PaperNumbers, paper_numbers
 from .params import parameter_breakdown
@@ -35,7 +36,6 @@ __all__ = [
     "render_markdown",
     "parse_markdown",
     "load_demo_results",
-    "demo_result_from_runs",
 ]
 
 TABLE_BEGIN = "<!-- model-table:begin -->"
@@ -53,7 +53,7 @@ COLUMNS = (
     "Paper GFLOPs",
     "Δ GFLOPs",
     "Paper COCO mAP",
-    "Demo AP (AP50)",
+    "Demo AP50: test (val)",
 )
 #: Columns that need a FLOP count (empty, or without the padded size, when a row was analyzed
 #: with ``flops=False``).
@@ -178,13 +178,14 @@ def row_cells(row: ModelRow) -> Dict[str, str]:
         "Δ params (M)": _delta(p["total"] / 1e6, paper.params_m if paper else None, 2),
         "Paper GFLOPs": _NA if paper is None or paper.gflops is None else f"{paper.gflops:g}",
         "Paper COCO mAP": _NA if paper is None or paper.map is None else f"{paper.map:.1f}",
-        "Demo AP (AP50)": _NA,
+        "Demo AP50: test (val)": _NA,
     }
-    if row.demo is not None and row.demo.get("AP") is not None:
-        ap50 = row.demo.get("AP50")
-        cells["Demo AP (AP50)"] = f"{row.demo['AP']:.1f}" + (
-            f" ({ap50:.1f})" if ap50 is not None else ""
-        )
+    if row.demo is not None:
+        test, val = (row.demo.get(split, {}).get("AP50", {}).get("mean") for split in (TEST, VAL))
+        if test is not None or val is not None:
+            cells["Demo AP50: test (val)"] = (
+                f"{test:.1f}" if test is not None else _NA
+            ) + (f" ({val:.1f})" if val is not None else "")
     if row.flops is None:
         cells.update({c: "" for c in FLOP_COLUMNS if c != "Input"})
     else:
@@ -208,7 +209,8 @@ def render_markdown(rows: Sequence[ModelRow], command: str) -> str:
         "k x k neighbours for SASA; implementation overhead such as halo windows not counted); norms,",
         "pooling, softmax and post-processing not counted (`aadet/analysis/flops.py`). Paper numbers:",
         "AA Table 4/7, SASA Table 2 (RetinaNet from scratch on COCO). Δ = ours - paper.",
-        "Demo AP: box AP on the tree-crown demo's val split, mean over the seeds in `docs/demo_results.json`.",
+        "Demo AP50: COCO box AP at IoU 0.5 on the tree-crown demo's test split (val, where the recipe was",
+        "chosen, in brackets), mean over the seeds recorded in `docs/runs/` (`docs/demo_results.md`).",
         "",
     ]
     header = "| " + " | ".join(COLUMNS) + " |"
@@ -244,9 +246,11 @@ def parse_markdown(text: str) -> Dict[str, Dict[str, str]]:
 
 
 def load_demo_results(path: str) -> Dict[str, Dict[str, float]]:
-    """Demo-data results by config name: ``{"trees_R_26_slim_FPN": {"AP": 41.3, "AP50": 80.1}}``.
+    """Demo-data results by entry name (``docs/demo_results.json``, written by
+    ``tools/record_demo_results.py``; :func:`aadet.analysis.demo_results.build_demo_results`):
+    ``{"trees_R_26_slim_FPN": {"AP": 14.2, "AP50": 47.3, "trees_test": {...}, ...}}``.
 
-    The file is JSON (written after a demo training run); a missing file means no results yet.
+    A missing file means no results yet.
     Raises ValueError when an entry has no numeric ``"AP"``.
     """
     if not path or not os.path.isfile(path):
@@ -263,55 +267,3 @@ def load_demo_results(path: str) -> Dict[str, Dict[str, float]]:
                 f"{path}: entry {name!r} needs a numeric 'AP' (box AP in %); got {entry!r}"
             )
     return data
-
-
-def _final_box_metrics(run_dir: str) -> Dict[str, float]:
-    """The last ``bbox/AP``, ``bbox/AP50``, ``bbox/AP75`` a training run wrote to its metrics.json."""
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{run_dir}: no metrics.json (not a finished training output directory)")
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if "bbox/AP50" in r]
-    if not rows:
-        raise ValueError(f"{path}: no bbox/AP50 row (the run was not evaluated)")
-    return {k: float(rows[-1][f"bbox/{k}"]) for k in ("AP", "AP50", "AP75")}
-
-
-def _run_seed(run_dir: str) -> Optional[int]:
-    """SEED from the run's config.yaml (Detectron2 writes it into OUTPUT_DIR), None if absent."""
-    import yaml
-
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        seed = (yaml.safe_load(f) or {}).get("SEED")
-    return int(seed) if seed is not None else None
-
-
-def demo_result_from_runs(run_dirs: Sequence[str], note: str = "") -> Dict[str, object]:
-    """One ``docs/demo_results.json`` entry from finished runs of one demo config (e.g. one per seed).
-
-    ``AP``, ``AP50``, ``AP75``: the means over the runs (what the model table shows);
-    ``AP50_min`` / ``AP50_max``: their spread; ``runs``: ``{"seed", "AP", "AP50", "AP75"}`` each,
-    read from the run's ``metrics.json`` (its last evaluation) and ``config.yaml``.
-    Raises ValueError for no runs, or a directory without an evaluated metrics.json.
-    """
-    if not run_dirs:
-        raise ValueError("demo_result_from_runs: give at least one run directory")
-    runs = []
-    for d in run_dirs:
-        m = _final_box_metrics(d)
-        runs.append({"seed": _run_seed(d), **{k: round(v, 2) for k, v in m.items()}})
-    n = len(runs)
-    entry: Dict[str, object] = {
-        k: round(sum(r[k] for r in runs) / n, 2) for k in ("AP", "AP50", "AP75")
-    }
-    entry["AP50_min"] = min(r["AP50"] for r in runs)
-    entry["AP50_max"] = max(r["AP50"] for r in runs)
-    entry["seeds"] = [r["seed"] for r in runs]
-    entry["runs"] = runs
-    if note:
-        entry["note"] = note
-    return entry

@@ -31,7 +31,7 @@ from ..analysis.attention_stats import (
     relative_embedding_grad_ratios,
 )
 
-__all__ = ["AttentionStatsHook", "EMAHook", "RunSummaryHook"]
+__all__ = ["AttentionStatsHook", "EMAHook", "RunSummaryHook", "write_run_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,42 @@ class EMAHook(HookBase):
         self._ema.update(self.trainer.model)
 
 
+def write_run_summary(
+    cfg, config_file: str, opts, results, *, iterations: int = 0, train_seconds: float = 0.0,
+    start_iter: int = 0, eval_only: bool = False,
+) -> str:
+    """Write ``<cfg.OUTPUT_DIR>/run_summary.json`` (:mod:`aadet.utils.run_summary`) of a run of
+    ``cfg``, made from ``config_file`` and ``opts``, whose last evaluation returned ``results``
+    (``DefaultTrainer.test``'s dict, or None); returns its path."""
+    from .defaults import get_aadet_cfg
+
+    metrics = box_metrics_by_dataset(results, cfg.DATASETS.TEST) if results else {}
+    summary = make_summary(
+        config_file=config_file,
+        opts=opts,
+        cfg_dump=cfg.dump(),
+        diff=config_diff(cfg, get_aadet_cfg()),
+        seed=cfg.SEED,
+        repo=_REPO,
+        iterations=iterations,
+        train_seconds=train_seconds,
+        metrics=metrics,
+        eval_only=eval_only,
+    )
+    summary["start_iter"] = start_iter
+    os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
+    path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
+    write_summary(summary, path)
+    logger.info("Run summary: %s", path)
+    return path
+
+
+# The checkout whose commit a run summary records (the one this package is imported from).
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 class RunSummaryHook(HookBase):
-    """Write ``<OUTPUT_DIR>/run_summary.json`` after training (:mod:`aadet.utils.run_summary`).
+    """Write ``<OUTPUT_DIR>/run_summary.json`` after training (:func:`write_run_summary`).
 
     ``train_seconds`` is the wall time from the first to the end of the last iteration of this
     process (a resumed run counts its own part; ``start_iter`` says where it began), without the
@@ -137,15 +171,11 @@ class RunSummaryHook(HookBase):
     Args:
         config_file, opts: how the config was made (``tools/train_net.py``'s ``--config-file``
             and overrides), recorded so that the run can be repeated.
-        repo: the checkout whose git commit is recorded.
-        defaults: the default config (``get_aadet_cfg()``) that ``config_diff`` is taken against.
     """
 
-    def __init__(self, config_file: str, opts, repo: str, defaults):
+    def __init__(self, config_file: str, opts):
         self._config_file = config_file
         self._opts = list(opts)
-        self._repo = repo
-        self._defaults = defaults
         self._t0 = None
         self._seconds = None
 
@@ -159,21 +189,9 @@ class RunSummaryHook(HookBase):
     def after_train(self):
         if not comm.is_main_process() or self._seconds is None:
             return  # not the writer, or training stopped before its last iteration
-        cfg = self.trainer.cfg
-        results = getattr(self.trainer, "last_eval_results", None)
-        metrics = box_metrics_by_dataset(results, cfg.DATASETS.TEST) if results else {}
-        summary = make_summary(
-            config_file=self._config_file,
-            opts=self._opts,
-            cfg_dump=cfg.dump(),
-            diff=config_diff(cfg, self._defaults),
-            seed=cfg.SEED,
-            repo=self._repo,
-            iterations=self.trainer.max_iter - self.trainer.start_iter,
-            train_seconds=self._seconds,
-            metrics=metrics,
+        t = self.trainer
+        write_run_summary(
+            t.cfg, self._config_file, self._opts, getattr(t, "last_eval_results", None),
+            iterations=t.max_iter - t.start_iter, train_seconds=self._seconds,
+            start_iter=t.start_iter,
         )
-        summary["start_iter"] = self.trainer.start_iter
-        path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
-        write_summary(summary, path)
-        logger.info("Run summary: %s", path)

@@ -43,13 +43,9 @@ from .checkpoint import AADetCheckpointer
 from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 from .ema import ModelEMA
 from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
-from .defaults import get_aadet_cfg
 from .optimizer import build_optimizer
 
 __all__ = ["Trainer"]
-
-# The checkout whose commit a run summary records (the one this package is imported from).
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _has_fast_coco_eval() -> bool:
@@ -220,5 +216,5 @@ class Trainer(DefaultTrainer):
         ret[idx:idx] = extra
         # Last: its after_train reads the final evaluation that the EvalHooks' after_train ran.
         config_file, opts = self.config_source
-        ret.append(RunSummaryHook(config_file, opts, _REPO, get_aadet_cfg()))
+        ret.append(RunSummaryHook(config_file, opts))
         return ret

@@ -14,6 +14,7 @@ and of the docs' tables is computed from those copies (a test checks it). A summ
      "commit": "60289aa...", "dirty": false,            # git HEAD of the code that ran
      "machine": {"cpu": "AMD EPYC 7B13", "cpu_count": 2, "torch_threads": 2, "gpu": null,
                  "torch": "2.14.1", "python": "3.11.9"},
+     "eval_only": false,              # true: an evaluation of MODEL.WEIGHTS, no training
      "iterations": 756, "train_seconds": 251.3,         # wall time of the training loop
      "load_average": [2.1, 2.0, 1.7],   # os.getloadavg() at its end: > cores means shared CPU
      "metrics": {"trees_val": {"AP": 14.2, "AP50": 47.3, "AP75": 3.9}, "trees_test": {...}}}
@@ -31,6 +32,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 __all__ = [
     "SUMMARY_FILE",
     "FORMAT",
+    "NOT_RECIPE_KEYS",
     "BOX_METRICS",
     "machine_description",
     "git_commit",
@@ -50,8 +52,12 @@ FORMAT = 1
 #: The COCO box metrics a summary keeps per dataset.
 BOX_METRICS = ("AP", "AP50", "AP75")
 
-#: Keys that say where and how often a run writes, not what it trains: left out of config_diff.
-_NOT_RECIPE = ("OUTPUT_DIR", "SEED", "MODEL.DEVICE", "DATALOADER.NUM_WORKERS")
+#: Keys that say where a run executes or writes, not what it trains or evaluates: left out of
+#: ``config_diff`` and of the recipe overrides that group runs (:mod:`aadet.analysis.demo_results`).
+#: ``MODEL.WEIGHTS`` of an evaluation-only run names the training run it evaluates.
+NOT_RECIPE_KEYS = frozenset(
+    {"OUTPUT_DIR", "SEED", "MODEL.DEVICE", "DATALOADER.NUM_WORKERS", "MODEL.WEIGHTS"}
+)
 
 
 def _cpu_model() -> str:
@@ -115,7 +121,7 @@ def config_diff(cfg, defaults) -> Dict[str, object]:
     a, b = _flatten(cfg), _flatten(defaults)
     return {
         k: v for k, v in sorted(a.items())
-        if b.get(k, object()) != v and k not in _NOT_RECIPE
+        if b.get(k, object()) != v and k not in NOT_RECIPE_KEYS
     }
 
 
@@ -162,6 +168,7 @@ def make_summary(
     iterations: int,
     train_seconds: float,
     metrics: Dict[str, Dict[str, float]],
+    eval_only: bool = False,
 ) -> Dict[str, object]:
     """A summary dict (layout in the module docstring). ``config_file`` is stored relative to
     ``repo`` when it lies inside it."""
@@ -177,6 +184,7 @@ def make_summary(
         "seed": int(seed),
         **git_commit(repo),
         "machine": machine_description(),
+        "eval_only": bool(eval_only),
         "iterations": int(iterations),
         "train_seconds": round(float(train_seconds), 1),
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
