@@ -80,7 +80,19 @@ def _stats(values: Sequence[float]) -> Dict[str, float]:
     }
 
 
+def _had_cpu_alone(summary: Mapping) -> bool:
+    """Whether a run's wall time counts: its process got at least 3/4 of its threads' worth of
+    CPU time (``cpu_seconds``) over the training; for summaries without it, a 1-minute load
+    average at the end of at most the core count + 1."""
+    threads = summary["machine"].get("torch_threads") or 1
+    if summary.get("cpu_seconds") is not None and summary.get("train_seconds"):
+        return summary["cpu_seconds"] >= 0.75 * threads * summary["train_seconds"]
+    load, cores = summary.get("load_average"), summary["machine"].get("cpu_count")
+    return bool(load) and bool(cores) and load[0] <= cores + 1
+
+
 def _entry(runs: Sequence[Mapping]) -> Dict[str, object]:
+    alone = [r for r in runs if not r.get("eval_only") and _had_cpu_alone(r)]
     datasets = sorted({d for r in runs for d in r["metrics"]}, key=lambda d: (d != VAL, d))
     out: Dict[str, object] = {
         "config_file": runs[0]["config_file"],
@@ -89,7 +101,11 @@ def _entry(runs: Sequence[Mapping]) -> Dict[str, object]:
         "runs": [r["_file"] for r in runs],
         "machines": sorted({f"{r['machine']['cpu']}, {r['machine']['cpu_count']} cores"
                             for r in runs}),
-        "train_minutes": _stats([r["train_seconds"] / 60 for r in runs]),
+        # Wall times only of runs that had the CPU to themselves (see _had_cpu_alone).
+        "train_minutes": (
+            _stats([r["train_seconds"] / 60 for r in alone]) if alone else None
+        ),
+        "timed_runs": len(alone),
         "eval_only": any(r.get("eval_only") for r in runs),
         "commits": sorted({(r.get("commit") or "unknown")[:12] for r in runs}),
     }
@@ -145,7 +161,8 @@ def _ratio(entry: Mapping, base: Optional[Mapping], split: str) -> str:
 
 def render_results_table(results: Mapping[str, Mapping], names: Sequence[str]) -> str:
     """The headline table: per entry, test and val AP50 (mean and range over seeds), the ratio
-    to the conv demo on each split, test AP, seeds, training minutes."""
+    to the conv demo on each split, test AP, seeds, training minutes (of the runs that had the CPU
+    to themselves; "CPU shared" when none did)."""
     base = results.get(BASELINE)
     lines = [
         "| Config | Seeds | AP50 test | AP50 val | vs conv: test / val | AP test | AP val "
@@ -168,7 +185,7 @@ def render_results_table(results: Mapping[str, Mapping], names: Sequence[str]) -
             f"| {_cell(e.get(TEST, {}).get('AP50'), n_t)} | {_cell(e.get(VAL, {}).get('AP50'), n_v)} "
             f"| {ratio} | {_cell(e.get(TEST, {}).get('AP'), n_t)} "
             f"| {_cell(e.get(VAL, {}).get('AP'), n_v)} "
-            f"| {_cell(e['train_minutes'], len(e['seeds']))} |"
+            f"| {_cell(e['train_minutes'], e['timed_runs']) if e['train_minutes'] else 'CPU shared'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@
 import logging
 import os
 import time
+from typing import Optional
 
 from detectron2.engine import HookBase
 from detectron2.utils import comm
@@ -127,7 +128,7 @@ class EMAHook(HookBase):
 
 def write_run_summary(
     cfg, config_file: str, opts, results, *, iterations: int = 0, train_seconds: float = 0.0,
-    start_iter: int = 0, eval_only: bool = False,
+    start_iter: int = 0, eval_only: bool = False, cpu_seconds: Optional[float] = None,
 ) -> str:
     """Write ``<cfg.OUTPUT_DIR>/run_summary.json`` (:mod:`aadet.utils.run_summary`) of a run of
     ``cfg``, made from ``config_file`` and ``opts``, whose last evaluation returned ``results``
@@ -148,6 +149,8 @@ def write_run_summary(
         eval_only=eval_only,
     )
     summary["start_iter"] = start_iter
+    if cpu_seconds is not None:  # CPU time of the training process (all its threads)
+        summary["cpu_seconds"] = round(cpu_seconds, 1)
     os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
     path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
     write_summary(summary, path)
@@ -181,10 +184,12 @@ class RunSummaryHook(HookBase):
 
     def before_train(self):
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
 
     def after_step(self):
         if self.trainer.iter == self.trainer.max_iter - 1:
             self._seconds = time.perf_counter() - self._t0
+            self._cpu_seconds = time.process_time() - self._cpu0
 
     def after_train(self):
         if not comm.is_main_process() or self._seconds is None:
@@ -193,5 +198,5 @@ class RunSummaryHook(HookBase):
         write_run_summary(
             t.cfg, self._config_file, self._opts, getattr(t, "last_eval_results", None),
             iterations=t.max_iter - t.start_iter, train_seconds=self._seconds,
-            start_iter=t.start_iter,
+            start_iter=t.start_iter, cpu_seconds=self._cpu_seconds,
         )

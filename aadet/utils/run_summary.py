@@ -16,7 +16,8 @@ and of the docs' tables is computed from those copies (a test checks it). A summ
                  "torch": "2.14.1", "python": "3.11.9"},
      "eval_only": false,              # true: an evaluation of MODEL.WEIGHTS, no training
      "iterations": 756, "train_seconds": 251.3,         # wall time of the training loop
-     "load_average": [2.1, 2.0, 1.7],   # os.getloadavg() at its end: > cores means shared CPU
+     "load_average": [2.1, 2.0, 1.7],   # os.getloadavg() at its end (counts idle-priority work too)
+     "cpu_seconds": 480.2,   # CPU time of the training process over the same span (all threads)
      "metrics": {"trees_val": {"AP": 14.2, "AP50": 47.3, "AP75": 3.9}, "trees_test": {...}}}
 
 Everything here is plain Python (json, os, subprocess): no Detectron2, so tests and tools read
