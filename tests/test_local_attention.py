@@ -200,6 +200,7 @@ def test_neighborhood_gradients_for_a_subset_of_inputs():
         assert all(part[j].grad is None for j in range(5) if j != i)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_half_autocast(dtype):
@@ -358,12 +359,6 @@ def test_layer_validation(kwargs, match):
 def test_layer_rejects_wrong_input_channels():
     with pytest.raises(ValueError, match=r"\[B, 8, H, W\]"):
         LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2)(torch.randn(1, 4, 5, 5))
-
-
-def test_absolute_is_a_deprecated_spelling_of_sine2d():
-    with pytest.warns(DeprecationWarning, match="sine2d"):
-        layer = LocalSelfAttention2d(8, 8, kernel_size=3, num_heads=2, positional_encoding="absolute")
-    assert layer.positional_encoding == "sine2d"
 
 
 # ----------------------------------------------------------------------------- export

@@ -37,6 +37,7 @@ from .functional.blocks import (
     blocks_to_map,
     map_to_blocks,
 )
+from .functional.checks import check_num_heads, check_positive_int
 
 __all__ = ["SpatiallyAwareAttentionStem"]
 
@@ -95,25 +96,18 @@ class SpatiallyAwareAttentionStem(nn.Module):
     ):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
-                            ("block_size", block_size), ("num_heads", num_heads),
-                            ("num_mixtures", num_mixtures)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if out_channels % num_heads != 0:
-            raise ValueError(
-                f"num_heads must divide out_channels; got num_heads={num_heads}, "
-                f"out_channels={out_channels}"
-            )
+                            ("block_size", block_size), ("num_mixtures", num_mixtures)):
+            check_positive_int(value, name)
         if positional_encoding not in ("relative", "none"):
             raise ValueError(
                 f"positional_encoding must be 'relative' or 'none'; got {positional_encoding!r}"
             )
-        dkh = out_channels // num_heads
-        if positional_encoding == "relative" and dkh < 2:
-            raise ValueError(
-                "positional_encoding='relative' needs at least 2 channels per head; got "
-                f"out_channels={out_channels}, num_heads={num_heads}"
-            )
+        dkh = check_num_heads(
+            num_heads,
+            out_channels,
+            min_per_head=2 if positional_encoding == "relative" else 1,
+            per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
+        )
         d_emb = out_channels if embedding_dim is None else embedding_dim
         if not isinstance(d_emb, int) or d_emb < 1:
             raise ValueError(f"embedding_dim must be an integer >= 1; got {embedding_dim!r}")

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional.checks import check_impl
 from .functional.logit_tables import LOGIT_TABLE_IMPLS
 from .functional.relative_attention import (
     relative_attention_weights_2d,
@@ -183,8 +184,7 @@ class AugmentedConv2d(nn.Module):
                 f"AugmentedConv2d: positional_encoding must be one of {POSITIONAL_ENCODINGS}; "
                 f"got {positional_encoding!r}"
             )
-        if impl not in LOGIT_TABLE_IMPLS:
-            raise ValueError(f"AugmentedConv2d: impl must be one of {LOGIT_TABLE_IMPLS}; got {impl!r}")
+        check_impl(impl, LOGIT_TABLE_IMPLS, name="AugmentedConv2d: impl")
 
         dk = self._resolve_depth("dk", "kappa", dk, kappa, 0.2, out_channels, num_heads,
                                  min_dk_per_head, upper=None)

@@ -14,37 +14,36 @@ split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
 """
-import warnings
-from typing import Callable, Dict, Optional, Tuple
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional.backends.sasa_halo import halo_local_attention_macs
+from .functional.checks import (
+    check_block_size,
+    check_impl,
+    check_kernel_size,
+    check_num_heads,
+    check_positive_int,
+)
 from .functional.local_attention import LOCAL_ATTENTION_IMPLS, local_self_attention_2d
-from .functional.local_halo import halo_local_attention_macs
 from .position_encoding import sine_2d
 
-__all__ = ["LocalSelfAttention2d", "POSITIONAL_ENCODINGS", "split_heads", "merge_heads"]
+__all__ = [
+    "ATTENTION_OPTIONS",
+    "LocalSelfAttention2d",
+    "POSITIONAL_ENCODINGS",
+    "attention_option_defaults",
+    "split_heads",
+    "merge_heads",
+]
 
 # Allowed ``positional_encoding`` values (the one definition; the config imports it). "sine2d" is
-# the same 2D sine encoding as AugmentedConv2d's; DEPRECATED_POSITIONAL_ENCODINGS maps old names.
+# the same 2D sine encoding as AugmentedConv2d's.
 POSITIONAL_ENCODINGS = ("relative", "sine2d", "none")
-DEPRECATED_POSITIONAL_ENCODINGS = {"absolute": "sine2d"}
-
-
-def canonical_positional_encoding(name: str, owner: str = "positional_encoding") -> str:
-    """``name`` with deprecated spellings replaced (a ``DeprecationWarning`` says so)."""
-    if name in DEPRECATED_POSITIONAL_ENCODINGS:
-        new = DEPRECATED_POSITIONAL_ENCODINGS[name]
-        warnings.warn(
-            f"{owner}={name!r} is deprecated; it is the same 2D sine encoding as {new!r}: "
-            f"write {new!r}.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return new
-    return name
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -57,11 +56,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """``[B, Nh, H, W, d]`` -> ``[B, Nh * d, H, W]``."""
     b, nh, h, w, d = x.shape
     return x.permute(0, 1, 4, 2, 3).reshape(b, nh * d, h, w)
-
-
-def _check_positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
 
 
 class LocalSelfAttention2d(nn.Module):
@@ -83,9 +77,9 @@ class LocalSelfAttention2d(nn.Module):
     Positional encodings (paper Table 5):
 
     * ``"relative"``: ``rel_h [k, dkh//2]`` and ``rel_w [k, dkh - dkh//2]``, shared by all heads,
-      initialised ``N(0, (relative_init_scale * dkh ** -0.5) ** 2)`` (scale 1: the initializer
-      of the AA/SASA reference code, the relative logits start below the content logits);
-    * ``"sine2d"`` (formerly ``"absolute"``): the 2D sine encoding of the Image Transformer
+      initialised ``N(0, dkh ** -1)`` (the initializer of the AA/SASA reference code: the
+      relative logits start below the content logits);
+    * ``"sine2d"``: the 2D sine encoding of the Image Transformer
       (:func:`aadet.layers.position_encoding.sine_2d`, integer pixel positions of this map) is
       added to the input of the query and key projections, not of the values;
     * ``"none"``: content only (permutation-equivariant inside each window).
@@ -101,13 +95,12 @@ class LocalSelfAttention2d(nn.Module):
         stride: 1 or 2.
         positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"sine2d"`` or ``"none"``.
         block_size: query tile side of the blocked routes (speed/memory only).
-        impl: ``"auto"``, ``"neighborhood"``, ``"fused"`` or ``"materialized"`` (see
+        impl: one of :data:`~aadet.layers.LOCAL_ATTENTION_IMPLS`: ``"auto"``,
+            ``"neighborhood"``, ``"fused"``, ``"materialized"`` or ``"triton"`` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).
-        relative_init_scale: multiplies the relative embeddings' initial std ``dkh ** -0.5``
-            (> 0; 1 = the papers'). Larger values start the windows position-selective.
         activation: callable applied last (e.g. ``F.relu``).
     """
 
@@ -125,37 +118,26 @@ class LocalSelfAttention2d(nn.Module):
         bias: bool = False,
         norm: Optional[nn.Module] = None,
         activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-        relative_init_scale: float = 1.0,
     ):
         super().__init__()
-        _check_positive_int("in_channels", in_channels)
-        _check_positive_int("out_channels", out_channels)
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("block_size", block_size)
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be an odd integer >= 1; got {kernel_size!r}")
-        if out_channels % num_heads != 0:
-            raise ValueError(
-                f"num_heads must divide out_channels; got num_heads={num_heads}, "
-                f"out_channels={out_channels}"
-            )
+        check_positive_int(in_channels, "in_channels")
+        check_positive_int(out_channels, "out_channels")
+        check_block_size(block_size)
+        check_kernel_size(kernel_size)
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2; got {stride!r}")
-        positional_encoding = canonical_positional_encoding(positional_encoding)
         if positional_encoding not in POSITIONAL_ENCODINGS:
             raise ValueError(
                 f"positional_encoding must be one of {POSITIONAL_ENCODINGS}; got {positional_encoding!r}"
             )
-        dkh = out_channels // num_heads
-        if positional_encoding == "relative" and dkh < 2:
-            raise ValueError(
-                "positional_encoding='relative' needs at least 2 channels per head "
-                f"(out_channels / num_heads); got out_channels={out_channels}, num_heads={num_heads}"
-            )
-        if not isinstance(relative_init_scale, (int, float)) or not relative_init_scale > 0:
-            raise ValueError(f"relative_init_scale must be > 0; got {relative_init_scale!r}")
-        if impl not in LOCAL_ATTENTION_IMPLS:
-            raise ValueError(f"impl must be one of {LOCAL_ATTENTION_IMPLS}; got {impl!r}")
+        relative = positional_encoding == "relative"
+        dkh = check_num_heads(
+            num_heads,
+            out_channels,
+            min_per_head=2 if relative else 1,
+            per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
+        )
+        check_impl(impl, LOCAL_ATTENTION_IMPLS)
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -173,7 +155,7 @@ class LocalSelfAttention2d(nn.Module):
         for proj in (self.query, self.key, self.value):
             nn.init.normal_(proj.weight, std=in_channels ** -0.5)
         if positional_encoding == "relative":
-            std = relative_init_scale * dkh ** -0.5
+            std = dkh ** -0.5
             self.rel_h = nn.Parameter(torch.randn(kernel_size, dkh // 2) * std)
             self.rel_w = nn.Parameter(torch.randn(kernel_size, dkh - dkh // 2) * std)
         else:
@@ -273,9 +255,9 @@ class LocalSelfAttention2d(nn.Module):
     def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
         """Multiply-adds of the attention as the fused (blocked, halo) route computes it, an
         estimate to compare with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`:
-        :func:`~aadet.layers.functional.local_halo.halo_local_attention_macs` plus the ``k``-offset
-        row/column table matmuls. (The neighborhood route, the CPU default, does exactly the
-        idealised count.)"""
+        :func:`~aadet.layers.functional.backends.sasa_halo.halo_local_attention_macs` plus the
+        ``k``-offset row/column table matmuls. (The neighborhood route, the CPU default, does
+        exactly the idealised count.)"""
         h, w = input_hw
         rel = self.rel_h is not None
         d = self.head_channels
@@ -293,3 +275,22 @@ class LocalSelfAttention2d(nn.Module):
             f"positional_encoding={self.positional_encoding!r}, block_size={self.block_size}, "
             f"impl={self.impl!r}, bias={self.bias is not None}"
         )
+
+
+#: The arguments of :class:`LocalSelfAttention2d` that a stand-in for a convolution takes from
+#: that convolution (:func:`~aadet.modeling.attention_layers.local_attention_for_conv`).
+CONV_ARGUMENTS = ("in_channels", "out_channels", "stride", "bias", "norm", "activation")
+
+#: Its other arguments, the attention options (``kernel_size``, ``num_heads``,
+#: ``positional_encoding``, ``block_size``, ``impl``, ...): the SASA models pass them through
+#: unchanged (``**kwargs``) from ``MODEL.SASA.*``. Their defaults are the layer's signature and
+#: nowhere else (:func:`attention_option_defaults`).
+ATTENTION_OPTIONS = tuple(
+    name for name in inspect.signature(LocalSelfAttention2d).parameters if name not in CONV_ARGUMENTS
+)
+
+
+def attention_option_defaults() -> Dict[str, Any]:
+    """``{option: default}`` of :data:`ATTENTION_OPTIONS`, read from the layer's signature."""
+    params = inspect.signature(LocalSelfAttention2d).parameters
+    return {name: params[name].default for name in ATTENTION_OPTIONS}

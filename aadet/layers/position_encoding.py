@@ -12,8 +12,8 @@ Both are pure functions of the map size (no parameters), returned as ``[C, H, W]
 
 The relative encodings themselves are parameters of their layers, named as in
 :data:`RELATIVE_EMBEDDING_NAMES` by every layer that has them (``LocalSelfAttention2d``,
-``AugmentedConv2d``, ``SpatiallyAwareAttentionStem``): the optimizer
-(``SOLVER.RELATIVE_EMBEDDING_LR_FACTOR``) and the attention statistics find them by these names.
+``AugmentedConv2d``, ``SpatiallyAwareAttentionStem``): the attention statistics find them by
+these names.
 """
 import math
 from typing import Optional

@@ -1,18 +1,22 @@
 """Pure tensor functions: the exact attention computations the layers are built on.
 
-Layout (NATTEN's): a public function per computation checks its arguments once
-(:mod:`.checks`) and dispatches on ``impl`` through a small registry to implementations, one
-file each; :mod:`.reference` holds the slow brute-force references every implementation is
-tested against (float64-exact).
+Layout (NATTEN's): a public function per computation (the front ends below) checks its arguments
+once -- every rule is in :mod:`.checks`, which the layers and the config use too -- and dispatches
+on ``impl`` through its registry to implementations under :mod:`.backends`, one route per file,
+on checked arguments. :mod:`.reference` holds the slow brute-force references every
+implementation is tested (float64-exact) and benchmarked against.
 
 * AA, global relative attention: :func:`relative_self_attention_2d`
-  (:mod:`.relative_attention`) builds per-query row/column logit tables and calls
-  :func:`attention_with_logit_tables` (:mod:`.logit_tables`), whose registry
-  :data:`~.logit_tables.LOGIT_TABLE_BACKENDS` holds ``"fused"`` (SDPA) and ``"materialized"``.
+  (:mod:`.relative_attention`) builds per-query row/column logit tables and hands them to a route
+  of :func:`attention_with_logit_tables` (:mod:`.logit_tables`), whose registry
+  :data:`~.logit_tables.LOGIT_TABLE_BACKENDS` holds ``"fused"`` (:mod:`.backends.logit_tables_sdpa`),
+  ``"materialized"`` (:mod:`.backends.logit_tables_materialized`), ``"triton"``
+  (:mod:`.backends.logit_tables_triton`) and ``"flex"`` (:mod:`.backends.logit_tables_flex`).
 * SASA, local attention: :func:`local_self_attention_2d` (:mod:`.local_attention`), registry
   :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`: ``"neighborhood"``
-  (:mod:`.local_neighborhood`), ``"fused"`` / ``"materialized"`` (:mod:`.local_halo`, halo
-  blocks on top of :func:`attention_with_logit_tables`).
+  (:mod:`.backends.sasa_neighborhood`), ``"fused"`` / ``"materialized"``
+  (:mod:`.backends.sasa_halo`: halo blocks on the SDPA / materialized logit-table route, called
+  directly) and ``"triton"`` (:mod:`.backends.sasa_triton`).
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
@@ -21,28 +25,29 @@ tested against (float64-exact).
 
 The allowed ``impl`` values are derived from the registries:
 ``LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)`` and likewise
-``LOGIT_TABLE_IMPLS``; the layers and the config import those tuples (via ``aadet.layers``).
-``"auto"`` is resolved by ``auto_local_attention_impl`` / ``auto_logit_table_impl``; while a
-model is traced or exported (:func:`~.dispatch.is_exporting`) both pick ``"materialized"``,
-made only of plain differentiable tensor ops (ONNX opset 17: no custom autograd Function, no
-SDPA).
+``LOGIT_TABLE_IMPLS``; the layers and the config import those tuples (via ``aadet.layers``) and
+check them with :func:`~.checks.check_impl`. ``"auto"`` is resolved by
+``auto_local_attention_impl`` / ``auto_logit_table_impl``; while a model is traced or exported
+(:func:`~.dispatch.is_exporting`) both pick ``"materialized"``, made only of plain differentiable
+tensor ops (ONNX opset 17: no custom autograd Function, no SDPA).
 
 Adding an implementation is one file and one registry line. For a local-attention kernel,
-write ``functional/local_<name>.py`` with ``fn(q, k, v, rel_h, rel_w, kernel_size) -> out``
-(``q, k [B, Nh, H, W, dk]`` with ``q`` already scaled, ``v [B, Nh, H, W, dv]``, ``rel_h
+write ``functional/backends/sasa_<name>.py`` with ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
+out`` (``q, k [B, Nh, H, W, dk]`` with ``q`` already scaled, ``v [B, Nh, H, W, dv]``, ``rel_h
 [k, dk//2]`` and ``rel_w [k, dk - dk//2]`` or both None, ``out [B, Nh, H, W, dv]``; arguments
 arrive checked), then add to ``LOCAL_ATTENTION_BACKENDS`` in ``local_attention.py``::
 
-    "triton": LocalAttentionBackend(triton_local_attention),  # blocked=True to get block_size=
+    "name": LocalAttentionBackend(sasa_name_attention),  # blocked=True to get block_size=
 
 For an AA / logit-table route, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` (shapes
-of :func:`attention_with_logit_tables`) in its own file and one line in
+of :func:`attention_with_logit_tables`) in ``backends/logit_tables_<name>.py`` and one line in
 ``LOGIT_TABLE_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config);
 make ``auto_*_impl`` pick it where it should be the default, and add it to the tests'
 implementation lists so it is compared with :mod:`.reference`. A backend that needs an optional
-package (Triton) should import it inside the function or guard the import, so that ``import
-aadet`` keeps working without it.
+package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import aadet``
+neither imports it nor needs the package.
 """
+from .backends.sasa_halo import MASK_VALUE  # noqa: F401
 from .blocks import (  # noqa: F401
     add_block_relative_logits,
     block_attention,
@@ -64,7 +69,6 @@ from .local_attention import (  # noqa: F401
 from .logit_tables import (  # noqa: F401
     LOGIT_TABLE_BACKENDS,
     LOGIT_TABLE_IMPLS,
-    MASK_VALUE,
     attention_with_logit_tables,
 )
 from .relative_attention import (  # noqa: F401

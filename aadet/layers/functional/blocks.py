@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .checks import check_block_size, check_qkv
+from .checks import check_block_attention, check_block_map
 
 __all__ = [
     "add_block_relative_logits",
@@ -62,7 +62,7 @@ def block_attention(
     Returns:
         ``[N, Nh, b*b, dv]`` in ``v``'s dtype.
     """
-    _check_block_args(q, k, v, rel_h, rel_w, block_size)
+    check_block_attention(q, k, v, rel_h, rel_w, block_size)
     with torch.autocast(device_type=q.device.type, enabled=False):
         probs = _block_probs(q, k, rel_h, rel_w, block_size, key_padding_mask)  # [N, Nh, P, P]
         out = torch.matmul(probs, v.to(probs.dtype))
@@ -85,26 +85,9 @@ def block_attention_probs(
         ``[N, Nh, b*b, b*b]`` (query pixel, key pixel; row-major in the block), float32 (float64
         for float64 inputs); padded keys at exactly 0.
     """
-    _check_block_args(q, k, k, rel_h, rel_w, block_size)
+    check_block_attention(q, k, k, rel_h, rel_w, block_size)
     with torch.autocast(device_type=q.device.type, enabled=False):
         return _block_probs(q, k, rel_h, rel_w, block_size, key_padding_mask)
-
-
-def _check_block_args(q, k, v, rel_h, rel_w, block_size: int) -> None:
-    check_block_size(block_size)
-    bs, p = block_size, block_size * block_size
-    if q.dim() != 4 or q.shape[-2] != p or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(
-            f"q, k must be [N, Nh, {p}, dk] and v [N, Nh, {p}, dv] for block_size={bs}; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    dk = q.shape[-1]
-    if rel_h is not None and (rel_h.shape != (2 * bs - 1, dk // 2) or rel_w is None
-                              or rel_w.shape != (2 * bs - 1, dk - dk // 2)):
-        raise ValueError(
-            f"rel_h/rel_w must be [{2 * bs - 1}, {dk // 2}] and [{2 * bs - 1}, {dk - dk // 2}]; got "
-            f"{tuple(rel_h.shape)} and {None if rel_w is None else tuple(rel_w.shape)}"
-        )
 
 
 def _block_probs(q, k, rel_h, rel_w, block_size: int, key_padding_mask) -> torch.Tensor:
@@ -206,12 +189,7 @@ def block_self_attention_2d(
     Returns:
         ``[B, Nh, H, W, dv]``.
     """
-    check_block_size(block_size)
-    check_qkv(q, k, v, rel_h, rel_w)
-    if rel_h is not None and rel_h.shape[0] != 2 * block_size - 1:
-        raise ValueError(
-            f"rel_h/rel_w must have 2 * block_size - 1 = {2 * block_size - 1} rows; got {rel_h.shape[0]}"
-        )
+    check_block_map(q, k, v, rel_h, rel_w, block_size)
     bsz, nh, h, w, _ = q.shape
 
     def to_blocks(t):  # [B, Nh, H, W, d] -> [B * nblk, Nh, b*b, d]

@@ -1,18 +1,18 @@
-"""How the public functions pick an implementation: the ``impl`` check and the export rule.
+"""How the public functions pick an implementation: the export rule and lazily imported routes.
 
 Every public function of this package takes ``impl`` (one of its ``*_IMPLS`` tuple, derived from
-its registry of implementations) and resolves ``"auto"`` by the rules in its own module. Those
-rules share one: while a model is being traced or exported (:func:`is_exporting`), ``"auto"``
-takes a route made only of plain differentiable tensor ops -- no custom
-``torch.autograd.Function`` (traced as an opaque ``prim::PythonOp``) and no
+its registry of implementations; checked by :func:`~.checks.check_impl`) and resolves ``"auto"``
+by the rules in its own module. Those rules share one: while a model is being traced or exported
+(:func:`is_exporting`), ``"auto"`` takes a route made only of plain differentiable tensor ops --
+no custom ``torch.autograd.Function`` (traced as an opaque ``prim::PythonOp``) and no
 ``scaled_dot_product_attention`` -- so the graph exports to ONNX at opset 17.
 """
 import importlib
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
-__all__ = ["check_impl", "is_exporting", "lazy_backend"]
+__all__ = ["is_exporting", "lazy_backend"]
 
 
 def is_exporting() -> bool:
@@ -23,14 +23,9 @@ def is_exporting() -> bool:
     return bool(is_exp()) if is_exp is not None else False
 
 
-def check_impl(impl: str, allowed: Sequence[str]) -> None:
-    """Raise a ``ValueError`` naming the allowed values unless ``impl`` is one of them."""
-    if impl not in allowed:
-        raise ValueError(f"impl must be one of {tuple(allowed)}; got {impl!r}")
-
-
 def lazy_backend(module: str, name: str, *, drop=()) -> Callable[..., torch.Tensor]:
-    """An implementation that imports ``aadet.layers.functional.<module>`` on first call.
+    """An implementation that imports ``aadet.layers.functional.<module>`` on first call
+    (``module`` relative to this package, e.g. ``"backends.sasa_triton"``).
 
     Kernel modules (Triton, flex_attention) are imported only when their route runs: ``import
     aadet`` stays fast, works without Triton, and Triton's interpreter mode (``TRITON_INTERPRET``,

@@ -16,15 +16,18 @@ and column offsets get embeddings of ``dk//2`` and ``dk - dk//2`` channels, dott
 matching halves of the query (the paper's concatenated ``r_{a-i, b-j}``). No scaling happens
 here: the caller scales ``q``.
 
-:func:`local_self_attention_2d` checks its arguments once and dispatches on ``impl`` through
-:data:`LOCAL_ATTENTION_BACKENDS`, one implementation per file, all exact (tested against
+:func:`local_self_attention_2d` checks its arguments once (:mod:`.checks`) and dispatches on
+``impl`` through :data:`LOCAL_ATTENTION_BACKENDS`, one implementation per file under
+``backends/``, all exact (tested against
 :func:`~aadet.layers.functional.reference.local_self_attention_2d_reference`):
 
-* ``"neighborhood"`` (:mod:`.local_neighborhood`, the CPU default): offset by offset with its own
-  backward; stores only the ``k^2`` attention weights per pixel;
-* ``"fused"`` / ``"materialized"`` (:mod:`.local_halo`): blocked with halos, the logits' position
-  and mask terms as query-side tables added inside fused SDPA (the CUDA default) or an explicit
-  float32 softmax (plain tensor ops: the route ``"auto"`` takes under tracing / ONNX export).
+* ``"neighborhood"`` (:mod:`.backends.sasa_neighborhood`, the CPU default): offset by offset
+  with its own backward; stores only the ``k^2`` attention weights per pixel;
+* ``"fused"`` / ``"materialized"`` (:mod:`.backends.sasa_halo`): blocked with halos, the logits'
+  position and mask terms as query-side tables added inside fused SDPA (the CUDA default) or an
+  explicit float32 softmax (plain tensor ops: the route ``"auto"`` takes under tracing / ONNX
+  export);
+* ``"triton"`` (:mod:`.backends.sasa_triton`): fused Triton kernels (CUDA).
 
 :func:`local_attention_probs_2d` returns the attention probabilities over each window (it does
 store ``k^2`` values per pixel: an analysis/test helper, not a training path). The stem's
@@ -35,10 +38,10 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .checks import check_block_size, check_kernel_size, check_qkv
-from .dispatch import check_impl, is_exporting, lazy_backend
-from .local_halo import halo_local_attention_fused, halo_local_attention_materialized
-from .local_neighborhood import neighborhood_local_attention
+from .backends.sasa_halo import halo_local_attention_fused, halo_local_attention_materialized
+from .backends.sasa_neighborhood import neighborhood_local_attention
+from .checks import check_block_size, check_impl, check_local_attention
+from .dispatch import is_exporting, lazy_backend
 
 __all__ = [
     "LOCAL_ATTENTION_BACKENDS",
@@ -69,9 +72,11 @@ LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
     "neighborhood": LocalAttentionBackend(neighborhood_local_attention),
     "fused": LocalAttentionBackend(halo_local_attention_fused, blocked=True),
     "materialized": LocalAttentionBackend(halo_local_attention_materialized, blocked=True),
-    # Fused Triton kernels (:mod:`.local_triton`): online softmax over the window, q.r in-kernel,
-    # only out + logsumexp saved for backward. CUDA, or CPU under Triton's interpreter (tests).
-    "triton": LocalAttentionBackend(lazy_backend("local_triton", "triton_local_attention")),
+    # Fused Triton kernels: online softmax over the window, q.r in-kernel, only out + logsumexp
+    # saved for backward. CUDA, or CPU under Triton's interpreter (tests).
+    "triton": LocalAttentionBackend(
+        lazy_backend("backends.sasa_triton", "launch_triton_local_attention")
+    ),
 }
 
 #: Allowed values of ``impl`` (the one definition; the layer and the config import it).
@@ -118,12 +123,7 @@ def local_self_attention_2d(
     Returns:
         ``[B, Nh, H, W, dv]``.
     """
-    check_kernel_size(kernel_size)
-    check_qkv(q, k, v, rel_h, rel_w)
-    if rel_h is not None and rel_h.shape[0] != kernel_size:
-        raise ValueError(
-            f"rel_h/rel_w must have kernel_size={kernel_size} rows; got {rel_h.shape[0]}"
-        )
+    check_local_attention(q, k, v, rel_h, rel_w, kernel_size)
     check_block_size(block_size)
     check_impl(impl, LOCAL_ATTENTION_IMPLS)
     backend = LOCAL_ATTENTION_BACKENDS[auto_local_attention_impl(q) if impl == "auto" else impl]
@@ -147,8 +147,7 @@ def local_attention_probs_2d(
     Returns:
         ``[B, Nh, H, W, k, k]``: ``p[..., y, x, a, c]`` is the weight of key ``(y + a - r, x + c - r)``.
     """
-    r = check_kernel_size(kernel_size)
-    check_qkv(q, k, k, rel_h, rel_w)
+    r = check_local_attention(q, k, k, rel_h, rel_w, kernel_size)
     b, nh, h, w, dk = q.shape
     ct = torch.promote_types(q.dtype, torch.float32)
     qc, kc = q.to(ct), k.to(ct)

@@ -16,7 +16,8 @@ never stores ``[HW, HW, d]``: one einsum of ``q`` with ``rel`` gives ``[.., L, 2
 per query row, and ``rel_to_abs`` (a pad-and-reshape) turns the relative column index into the
 absolute key coordinate. We go one step further and never tile those ``[.., HW, H]`` /
 ``[.., HW, W]`` tables to ``[HW, HW]`` either: they are handed, with the row/column of every
-key, to :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`, which adds
+key, to a route of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`
+(its registry, :func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds
 them inside a fused attention kernel (or a chunked float32 softmax).
 
 No scaling happens here: the caller scales ``q`` (by ``dkh ** -0.5``) *before*, so the relative
@@ -26,8 +27,15 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checks import check_query_chunk
-from .logit_tables import attention_with_logit_tables
+from .checks import (
+    check_impl,
+    check_query_chunk,
+    check_query_positions,
+    check_relative_embedding,
+    check_relative_qk,
+    check_relative_v,
+)
+from .logit_tables import LOGIT_TABLE_IMPLS, logit_table_backend
 
 __all__ = [
     "rel_to_abs",
@@ -154,25 +162,6 @@ def relative_table_for_length(table: torch.Tensor, length: int) -> torch.Tensor:
     return table.index_select(0, idx)
 
 
-def _check_rel(name: str, rel: Optional[torch.Tensor], length: int, axis: str, d: int):
-    if rel is None:
-        return
-    if rel.dim() != 2 or tuple(rel.shape) != (2 * length - 1, d):
-        raise ValueError(
-            f"{name} must have shape [2*{axis}-1, dk] = [{2 * length - 1}, {d}] for a map with "
-            f"{axis}={length}; got {tuple(rel.shape)}"
-        )
-
-
-def _check_qk(q: torch.Tensor, k: torch.Tensor):
-    if q.dim() != 5:
-        raise ValueError(f"q must have shape [B, Nh, H, W, dk]; got {tuple(q.shape)}")
-    if k.shape != q.shape:
-        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
-    if q.shape[2] < 1 or q.shape[3] < 1 or q.shape[4] < 1:
-        raise ValueError(f"q must have H, W, dk >= 1; got {tuple(q.shape)}")
-
-
 def relative_self_attention_2d(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -195,7 +184,8 @@ def relative_self_attention_2d(
         rel_h: ``[2H - 1, dk]`` height embeddings (shared across heads), or None for no
             height term.
         rel_w: ``[2W - 1, dk]`` width embeddings, or None for no width term.
-        impl: ``"auto"``, ``"fused"`` or ``"materialized"``; see
+        impl: one of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_IMPLS`
+            (``"auto"``, ``"fused"``, ``"materialized"``, ``"triton"``, ``"flex"``); see
             :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
         query_chunk: queries per chunk of the materialized route (0 = all); bounds its peak
             memory (``B * Nh * query_chunk * HW`` logits), which matters where that route runs:
@@ -204,42 +194,23 @@ def relative_self_attention_2d(
     Returns:
         ``[B, Nh, H, W, dv]``.
     """
-    _check_qk(q, k)
+    check_relative_qk(q, k)
+    check_relative_v(q, v)
     b, nh, h, w, dk = q.shape
-    if v.dim() != 5 or tuple(v.shape[:4]) != (b, nh, h, w):
-        raise ValueError(
-            f"v must have shape [B, Nh, H, W, dv] with [B, Nh, H, W] = {[b, nh, h, w]}; "
-            f"got {tuple(v.shape)}"
-        )
-    _check_rel("rel_h", rel_h, h, "H", dk)
-    _check_rel("rel_w", rel_w, w, "W", dk)
+    check_relative_embedding("rel_h", rel_h, h, "H", dk)
+    check_relative_embedding("rel_w", rel_w, w, "W", dk)
     check_query_chunk(query_chunk)
+    check_impl(impl, LOGIT_TABLE_IMPLS)
     tables, key_index = relative_logit_tables_2d(q, rel_h, rel_w)
-    out = attention_with_logit_tables(
+    out = logit_table_backend(impl, q)(
         q.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]
         k.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]
         v.reshape(b, nh, h * w, v.shape[-1]),  # [B, Nh, HW, dv]
         tables,
         key_index,
-        impl=impl,
         query_chunk=query_chunk,
     )  # [B, Nh, HW, dv]
     return out.reshape(b, nh, h, w, v.shape[-1])
-
-
-def _query_positions(query_yx, h: int, w: int, device) -> torch.Tensor:
-    yx = torch.as_tensor(query_yx, dtype=torch.long, device=device)
-    if yx.dim() == 1 and yx.numel() == 2:
-        yx = yx.view(1, 2)
-    if yx.dim() != 2 or yx.shape[1] != 2:
-        raise ValueError(f"query_yx must be P (y, x) pairs, shape [P, 2]; got {tuple(yx.shape)}")
-    bad = (yx[:, 0] < 0) | (yx[:, 0] >= h) | (yx[:, 1] < 0) | (yx[:, 1] >= w)
-    if bool(bad.any()):
-        raise ValueError(
-            f"query_yx must lie in [0, {h}) x [0, {w}) (the attention map); got "
-            f"{yx[bad].tolist()}"
-        )
-    return yx
 
 
 def relative_attention_weights_2d(
@@ -264,11 +235,11 @@ def relative_attention_weights_2d(
     Returns:
         ``[B, Nh, P, H, W]``: for each query, a distribution over key positions (sums to 1).
     """
-    _check_qk(q, k)
+    check_relative_qk(q, k)
     b, nh, h, w, dk = q.shape
-    _check_rel("rel_h", rel_h, h, "H", dk)
-    _check_rel("rel_w", rel_w, w, "W", dk)
-    yx = _query_positions(query_yx, h, w, q.device)
+    check_relative_embedding("rel_h", rel_h, h, "H", dk)
+    check_relative_embedding("rel_w", rel_w, w, "W", dk)
+    yx = check_query_positions(query_yx, h, w, q.device)
     ys, xs = yx[:, 0], yx[:, 1]
     ct = _compute_dtype(q.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):

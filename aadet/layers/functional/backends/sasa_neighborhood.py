@@ -16,7 +16,8 @@ CPU it is 1.3-1.8x faster than the blocked route at the res3-res5 sizes of a 640
 half its memory (BENCHMARKS.md).
 
 The custom function (and its in-place ``out=`` kernels) does not export: under tracing or ONNX
-export ``impl="auto"`` takes the materialized halo route instead (:mod:`.dispatch`).
+export ``impl="auto"`` takes the materialized halo route instead
+(:mod:`~aadet.layers.functional.dispatch`).
 """
 from typing import Optional
 

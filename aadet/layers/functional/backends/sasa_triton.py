@@ -14,8 +14,10 @@ logits::
 ``q`` is already scaled. No public kernel has the per-query relative term ``q . r`` (NATTEN has
 none); here it is one extra vector per window offset, added to the key before the dot product.
 
-Contract of :func:`triton_local_attention` (to be registered as ``impl="triton"`` of the
-dispatch): ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]`` (any strides, each float16,
+Contract of :func:`launch_triton_local_attention` (``impl="triton"`` of
+:func:`~aadet.layers.functional.local_attention.local_self_attention_2d`, which checks the
+arguments first; :func:`triton_local_attention` is the same with those checks, to call directly):
+``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]`` (any strides, each float16,
 bfloat16 or float32, not necessarily the same), ``rel_h [k, dk//2]`` and ``rel_w [k, dk - dk//2]``
 or both None, odd ``kernel_size``; returns ``[B, Nh, H, W, dv]`` in ``v``'s dtype, differentiable
 in all five tensors (gradients in each input's dtype). All arithmetic is float32. Tensors must be
@@ -61,7 +63,7 @@ from typing import Optional
 
 import torch
 
-from .checks import check_kernel_size, check_qkv
+from ..checks import check_local_attention
 
 try:  # optional dependency: the module must import where Triton is absent
     import triton
@@ -72,7 +74,12 @@ except ImportError:  # pragma: no cover - depends on the environment
     triton = tl = None
     TRITON_AVAILABLE = False
 
-__all__ = ["TRITON_AVAILABLE", "TRITON_INTERPRETED", "triton_local_attention"]
+__all__ = [
+    "TRITON_AVAILABLE",
+    "TRITON_INTERPRETED",
+    "launch_triton_local_attention",
+    "triton_local_attention",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NUM_WARPS = 4
@@ -378,12 +385,26 @@ def triton_local_attention(
     Returns:
         ``[B, Nh, H, W, dv]`` in ``v``'s dtype.
     """
+    check_local_attention(q, k, v, rel_h, rel_w, kernel_size)
+    return launch_triton_local_attention(q, k, v, rel_h, rel_w, kernel_size, block_pixels=block_pixels)
+
+
+def launch_triton_local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    kernel_size: int,
+    *,
+    block_pixels: Optional[int] = None,
+) -> torch.Tensor:
+    """:func:`triton_local_attention` on arguments checked by
+    :func:`~aadet.layers.functional.checks.check_local_attention` (``impl="triton"`` of
+    ``local_self_attention_2d``); checks what only the kernels need (Triton, dtypes, devices,
+    ``block_pixels``)."""
     if not TRITON_AVAILABLE:
         raise ValueError("triton_local_attention needs the 'triton' package (pip install triton)")
-    check_kernel_size(kernel_size)
-    check_qkv(q, k, v, rel_h, rel_w)
-    if rel_h is not None and rel_h.shape[0] != kernel_size:
-        raise ValueError(f"rel_h/rel_w must have kernel_size={kernel_size} rows; got {rel_h.shape[0]}")
     tensors = [t for t in (q, k, v, rel_h, rel_w) if t is not None]
     for name, t in zip(("q", "k", "v", "rel_h", "rel_w"), tensors):
         if t.dtype not in SUPPORTED_DTYPES:

@@ -12,32 +12,39 @@ implementation and timm's ``HaloAttn``, but exact at the borders and for any siz
    columns): ``T_row[i, u] = q_i[:dk//2] . rel_h[u - row(i)]`` when key row ``u`` is within
    ``r`` of the query's row *and* inside the map, ``MASK_VALUE`` otherwise (same for columns);
    the logit of key ``(u, u')`` is ``q.k + T_row[i, u] + T_col[i, u']``;
-3. :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` adds the tables
-   inside a fused SDPA kernel (``"fused"``; on CUDA one fused kernel per layer should beat the
-   neighborhood route's ``2 k^2`` elementwise launches -- not yet measured on a GPU:
+3. a route of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`, called
+   directly, adds the tables: inside a fused SDPA kernel (``"fused"``,
+   :mod:`.logit_tables_sdpa`; on CUDA one fused kernel per layer should beat the neighborhood
+   route's ``2 k^2`` elementwise launches -- not yet measured on a GPU:
    ``tools/benchmark_layers.py --device cuda``) or an explicit float32 softmax
-   (``"materialized"``: plain tensor ops only, the route ``impl="auto"`` takes under tracing
-   and ONNX export);
+   (``"materialized"``, :mod:`.logit_tables_materialized`: plain tensor ops only, the route
+   ``impl="auto"`` takes under tracing and ONNX export);
 4. padded query positions are dropped.
 
 Every query's own position is always unmasked (padded queries too), so no softmax row is
 empty. The finite ``MASK_VALUE`` (-1e4) is exact as long as content logits stay far below 5e3
 in magnitude (they are O(1)-O(10) in trained models).
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .dispatch import is_exporting
-from .logit_tables import MASK_VALUE, attention_with_logit_tables
+from ..dispatch import is_exporting
+from .logit_tables_materialized import materialized_attention_with_logit_tables
+from .logit_tables_sdpa import sdpa_attention_with_logit_tables
 
 __all__ = [
+    "MASK_VALUE",
     "halo_local_attention",
     "halo_local_attention_fused",
     "halo_local_attention_macs",
     "halo_local_attention_materialized",
 ]
+
+# Large negative logit used as a mask. Finite (no inf-inf = NaN), representable in fp16
+# (|x| < 65504) and far below any real logit, so exp(MASK_VALUE - max) underflows to 0.
+MASK_VALUE = -1.0e4
 
 
 def _tile(block_size: int, h: int, w: int) -> Tuple[int, int]:
@@ -146,7 +153,8 @@ def _axis_table(
 
 
 def _blocked_attention(
-    q, k, v, rel_h, rel_w, *, radius: int, halo: int, block_hw: Tuple[int, int], impl: str
+    q, k, v, rel_h, rel_w, *, radius: int, halo: int, block_hw: Tuple[int, int],
+    attend: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     """Shared core: queries in ``bh x bw`` blocks, keys in the block plus ``halo``, keys further
     than ``radius`` (per axis) or outside the map masked. Shapes as in :func:`halo_local_attention`."""
@@ -175,9 +183,7 @@ def _blocked_attention(
     key_row = torch.arange(uh, device=dev).repeat_interleave(uw)  # [Lk]
     key_col = torch.arange(uw, device=dev).repeat(uh)  # [Lk]
 
-    out = attention_with_logit_tables(
-        qb, kb, vb, [row_t, col_t], [key_row, key_col], impl=impl
-    )  # [N, nblk, bh*bw, dv]
+    out = attend(qb, kb, vb, [row_t, col_t], [key_row, key_col])  # [N, nblk, bh*bw, dv]
     out = out.view(n, nby, nbx, bh, bw, dv).permute(0, 1, 3, 2, 4, 5).reshape(n, hp, wp, dv)
     return out[:, :h, :w].reshape(b, nh, h, w, dv)
 
@@ -191,31 +197,37 @@ def halo_local_attention(
     kernel_size: int,
     *,
     block_size: int,
-    impl: str,
+    attend: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     """SASA local attention blocked with halos, on checked arguments.
 
     Shapes as in :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`:
     ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk -
     dk//2]`` (or both None) -> ``[B, Nh, H, W, dv]``. ``block_size``: the query tile side (capped
-    at ``H`` / ``W``; any value gives the same result); ``impl``: ``"fused"`` or
-    ``"materialized"``, the route of
-    :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
+    at ``H`` / ``W``; any value gives the same result); ``attend``: the logit-table route
+    ``attend(q, k, v, tables, key_index) -> out`` (:mod:`.logit_tables_sdpa` or
+    :mod:`.logit_tables_materialized`).
     """
     r = (kernel_size - 1) // 2
     block_hw = _tile(block_size, q.shape[2], q.shape[3])
-    return _blocked_attention(q, k, v, rel_h, rel_w, radius=r, halo=r, block_hw=block_hw, impl=impl)
+    return _blocked_attention(
+        q, k, v, rel_h, rel_w, radius=r, halo=r, block_hw=block_hw, attend=attend
+    )
 
 
 def halo_local_attention_fused(q, k, v, rel_h, rel_w, kernel_size, *, block_size: int):
     """:func:`halo_local_attention` through fused SDPA (``impl="fused"``)."""
-    return halo_local_attention(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size, impl="fused")
+    return halo_local_attention(
+        q, k, v, rel_h, rel_w, kernel_size, block_size=block_size,
+        attend=sdpa_attention_with_logit_tables,
+    )
 
 
 def halo_local_attention_materialized(q, k, v, rel_h, rel_w, kernel_size, *, block_size: int):
     """:func:`halo_local_attention` with explicit float32 logits (``impl="materialized"``)."""
     return halo_local_attention(
-        q, k, v, rel_h, rel_w, kernel_size, block_size=block_size, impl="materialized"
+        q, k, v, rel_h, rel_w, kernel_size, block_size=block_size,
+        attend=materialized_attention_with_logit_tables,
     )
 
 

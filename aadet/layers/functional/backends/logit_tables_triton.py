@@ -46,6 +46,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..checks import check_row_col_tables
+
 try:  # Triton is optional: the SDPA and materialized routes need none.
     import triton
     import triton.language as tl
@@ -433,22 +435,7 @@ def triton_attention_with_row_col_tables(
         ``[*, L, dv]`` in the dtype of ``v``; differentiable in q, k, v and both tables.
     """
     *batch, length, dk = q.shape
-    if k.shape != q.shape:
-        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
-    if v.dim() != q.dim() or tuple(v.shape[:-1]) != tuple(q.shape[:-1]):
-        raise ValueError(f"v must have shape [*, L, dv] with [*, L] = {list(q.shape[:-1])}; "
-                         f"got {tuple(v.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if width < 1 or length % width:
-        raise ValueError(f"width must divide L = {length} (L = H * W); got width={width}")
-    h, w = length // width, width
-    for name, t, m in (("t_row", t_row, h), ("t_col", t_col, w)):
-        if t is not None and tuple(t.shape) != (*batch, length, m):
-            raise ValueError(f"{name} must have shape [*, L, {'H' if name == 't_row' else 'W'}] "
-                             f"= {[*batch, length, m]}; got {tuple(t.shape)}")
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    h, w = check_row_col_tables(q, k, v, t_row, t_col, width)
     n = math.prod(batch)
     if n > _MAX_GRID_Y:
         raise ValueError(

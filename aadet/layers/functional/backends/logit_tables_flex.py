@@ -19,7 +19,7 @@ Where it runs:
 * **CPU: forward only.** ``flex_attention`` has no CPU backward (torch raises
   ``NotImplementedError``), so a call that needs gradients on CPU raises here, naming the way
   out, unless ``cpu_backward="materialized"`` is passed explicitly: then it runs the
-  materialized route of ``attention_with_logit_tables`` instead. By default CPU runs flex's
+  materialized route (:mod:`.logit_tables_materialized`) instead. By default CPU runs flex's
   eager path, which stores the ``[N, Lq, Lk]`` scores (a reference, not a fast route);
   ``compiled=True`` uses Inductor's CPU kernel.
 """
@@ -27,6 +27,9 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
+
+from ..checks import check_grid_width, check_logit_tables, check_one_dtype
+from .logit_tables_materialized import materialized_attention_with_logit_tables
 
 __all__ = [
     "FLEX_CPU_BACKWARD",
@@ -86,30 +89,15 @@ def flex_attention_with_logit_tables(
     """
     if cpu_backward not in FLEX_CPU_BACKWARD:
         raise ValueError(f"cpu_backward must be one of {FLEX_CPU_BACKWARD}; got {cpu_backward!r}")
-    if len(tables) != len(key_index):
-        raise ValueError(f"got {len(tables)} tables but {len(key_index)} key indices")
+    check_logit_tables(q, k, v, tables, key_index)
+    check_one_dtype(q, k, v)
     *batch, lq, d = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
-    if k.dim() != q.dim() or tuple(k.shape[:-2]) != tuple(batch) or k.shape[-1] != d:
-        raise ValueError(f"k must have shape [*, Lk, d] with [*] = {batch}, d = {d}; "
-                         f"got {tuple(k.shape)}")
-    if v.dim() != q.dim() or tuple(v.shape[:-1]) != (*batch, lk):
-        raise ValueError(f"v must have shape [*, Lk, dv] = [{batch}, {lk}, dv]; got {tuple(v.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    for t, idx in zip(tables, key_index):
-        if t.dim() != q.dim() or tuple(t.shape[:-1]) != (*batch, lq):
-            raise ValueError(f"each table must have shape [*, Lq, M] with [*, Lq] = "
-                             f"{[*batch, lq]}; got {tuple(t.shape)}")
-        if tuple(idx.shape) != (lk,):
-            raise ValueError(f"each key index must have shape [Lk] = [{lk}]; got {tuple(idx.shape)}")
 
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *tables))
     if q.device.type == "cpu" and needs_grad:
         if cpu_backward == "materialized":
-            from .logit_tables import attention_with_logit_tables
-
-            return attention_with_logit_tables(q, k, v, tables, key_index, impl="materialized")
+            return materialized_attention_with_logit_tables(q, k, v, tables, key_index)
         raise RuntimeError(
             "the 'flex' attention route has no backward on CPU (flex_attention raises "
             "NotImplementedError); run it under torch.no_grad(), on CUDA, pass "
@@ -150,13 +138,12 @@ def flex_attention_with_row_col_tables(
     """AA's 2D case: ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``.
 
     Same arguments as
-    :func:`~aadet.layers.functional.logit_tables_triton.triton_attention_with_row_col_tables`
+    :func:`~aadet.layers.functional.backends.logit_tables_triton.triton_attention_with_row_col_tables`
     (``q, k [*, L, dk]``, ``v [*, L, dv]``, ``t_row [*, L, H]``, ``t_col [*, L, W]``, ``L = H*W``);
     ``kwargs`` go to :func:`flex_attention_with_logit_tables`.
     """
     length = q.shape[-2]
-    if width < 1 or length % width:
-        raise ValueError(f"width must divide L = {length} (L = H * W); got width={width}")
+    check_grid_width(width, length)
     pos = torch.arange(length, device=q.device)
     tables, key_index = [], []
     if t_row is not None:

@@ -1,0 +1,41 @@
+"""Attention with logit tables as one augmented dot product through SDPA: the ``"fused"`` route.
+
+Computes :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`,
+``softmax(q . k + sum_g T_g[..., i, idx_g[j]]) v``, by appending the tables to ``q`` and one-hot
+indicators of ``idx_g[j]`` to ``k``: then ``[q, T] . [k, onehot] = q.k + sum_g T_g[i, idx_g[j]]``
+and the whole logit is one dot product, so
+:func:`torch.nn.functional.scaled_dot_product_attention` runs it with a fused kernel (flash /
+memory-efficient on CUDA, flash on CPU) that never stores the ``[N, Lq, Lk]`` attention matrix.
+Costs ``sum_g M_g`` extra head dims. SDPA's kernels keep logits and softmax in float32 under
+autocast. The route ``"auto"`` takes, except for float64 and while tracing/exporting.
+"""
+import torch
+import torch.nn.functional as F
+
+__all__ = ["sdpa_attention_with_logit_tables"]
+
+
+def _indicators(key_index, sizes, like: torch.Tensor) -> torch.Tensor:
+    """Multi-hot key-side indicators ``[Lk, sum(sizes)]`` in the dtype/device of ``like``."""
+    parts = [F.one_hot(idx.to(like.device), m).to(like.dtype) for idx, m in zip(key_index, sizes)]
+    return torch.cat(parts, dim=-1)
+
+
+def sdpa_attention_with_logit_tables(q, k, v, tables, key_index, *, query_chunk: int = 0):
+    """The augmented dot product through SDPA (``impl="fused"``), on checked arguments (shapes as
+    in :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`; ``query_chunk``
+    unused: nothing is materialized)."""
+    if tables:
+        sizes = [t.shape[-1] for t in tables]
+        ind = _indicators(key_index, sizes, k)  # [Lk, M]
+        q_aug = torch.cat([q, *[t.to(q.dtype) for t in tables]], dim=-1)  # [N, Lq, d + M]
+        k_aug = torch.cat([k, ind.expand(*k.shape[:-1], ind.shape[-1])], dim=-1)  # [N, Lk, d + M]
+    else:  # no position term: plain attention
+        q_aug, k_aug = q, k
+    dv, dqk = v.shape[-1], q_aug.shape[-1]
+    if q.device.type == "cpu" and dv < dqk:
+        # The CPU flash kernel needs equal head dims for q/k and v; without it SDPA falls back to
+        # the math kernel, which stores the full attention matrix. Zero-padding v is exact.
+        out = F.scaled_dot_product_attention(q_aug, k_aug, F.pad(v, (0, dqk - dv)), scale=1.0)
+        return out[..., :dv]
+    return F.scaled_dot_product_attention(q_aug, k_aug, v, scale=1.0)
