@@ -7,23 +7,29 @@ Papers:
   AA   -- Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019.
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
 """
-import logging
+import difflib
+from typing import List, Optional
 
 from detectron2.config import CfgNode as CN
+from detectron2.utils.registry import Registry
 
 from .layers import (
     AA_POSITIONAL_ENCODINGS,
     LOCAL_ATTENTION_IMPLS,
     LOGIT_TABLE_IMPLS,
     SASA_POSITIONAL_ENCODINGS,
-    canonical_positional_encoding,
+    check_impl,
+    check_kernel_size,
 )
-from .layers.local_attention import DEPRECATED_POSITIONAL_ENCODINGS
+from .utils.d2compat import NamedRegistry
 
 __all__ = [
     "add_aadet_config",
     "validate_aadet_config",
     "ConfigValueError",
+    "UnknownConfigKeyError",
+    "config_keys",
+    "similar_config_keys",
     "config_error",
     "check_one_of",
     "check_subset",
@@ -33,9 +39,12 @@ __all__ = [
     "NORMS",
     "P6P7_SOURCES",
     "SASA_STEMS",
+    "OPTIMIZER_NAMES",
+    "VOTE_THRESH_ALLOWED",
+    "is_valid_vote_thresh",
+    "FPN_SPATIAL_LAYER_REGISTRY",
+    "RETINANET_HEAD_REGISTRY",
 ]
-
-logger = logging.getLogger(__name__)
 
 # The allowed values of aadet's keys that no layer owns (the layers' own lists -- positional
 # encodings, implementations -- are imported above: one definition each).
@@ -44,10 +53,81 @@ STAGE_NAMES = ("res2", "res3", "res4", "res5")  # ResNet stages a key may name
 NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
 P6P7_SOURCES = ("res5", "p5")  # MODEL.FPN.P6P7_SOURCE
 SASA_STEMS = ("conv", "attention")  # MODEL.SASA.STEM
+#: SOLVER.OPTIMIZER; aadet.engine.optimizer.OPTIMIZERS builds each (tests/test_optimizer.py checks
+#: that it has exactly these).
+OPTIMIZER_NAMES = ("SGD", "AdamW")
+#: The allowed IoU thresholds of a box vote (TEST.BBOX_VOTE.VOTE_TH, aadet.modeling.box_voting),
+#: in words (error messages).
+VOTE_THRESH_ALLOWED = "in (0, 1]"
+
+
+def is_valid_vote_thresh(value) -> bool:
+    """Whether ``value`` is an allowed vote IoU threshold (:data:`VOTE_THRESH_ALLOWED`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
+
+
+# Keys whose value names an implementation: the config accepts exactly the names registered here.
+# aadet.modeling registers the implementations (importing aadet does), and builds from these.
+FPN_SPATIAL_LAYER_REGISTRY = NamedRegistry("FPN_SPATIAL_LAYER")  # MODEL.FPN.SPATIAL_LAYER
+FPN_SPATIAL_LAYER_REGISTRY.__doc__ = """
+Converters ``fn(fpn: FPN, cfg) -> FPN`` that replace the spatial layers of a built FPN (its 3x3
+output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER value>")``
+(aadet/modeling/backbone/fpn.py, attention_fpn.py). ``validate_aadet_config`` accepts exactly the
+registered names.
+"""
+RETINANET_HEAD_REGISTRY = Registry("RETINANET_HEAD")  # MODEL.RETINANET.HEAD_NAME
+RETINANET_HEAD_REGISTRY.__doc__ = """
+RetinaNet heads, called as ``cls(cfg, feature_shapes)`` (``@configurable`` classes), returning
+per-level ``(logits, bbox_reg)`` lists like Detectron2's ``RetinaNetHead`` (registered in
+aadet/modeling/meta_arch/retinanet.py, attention_head.py). ``validate_aadet_config`` accepts exactly
+the registered names.
+"""
 
 
 class ConfigValueError(ValueError):
     """A config key holds a value outside its allowed range (the message names the key)."""
+
+
+class UnknownConfigKeyError(KeyError):
+    """A config key that does not exist, named with where it was set (``source``: a YAML file, or
+    ``None`` for the command line) and the nearest existing keys. A ``KeyError``, as yacs' own
+    error for it from a file is."""
+
+    def __init__(self, key: str, source: Optional[str], suggestions=()):
+        self.key, self.source, self.suggestions = key, source, tuple(suggestions)
+        where = f"in config file {source}" if source else "on the command line"
+        if self.suggestions:
+            best, *others = self.suggestions
+            hint = f"did you mean {best}?" + (f" (also close: {', '.join(others)})" if others else "")
+        else:
+            hint = "no existing key is close (aadet's keys: aadet/config.py, add_aadet_config)"
+        super().__init__(f"Unknown config key {key} {where}; {hint}")
+
+    def __str__(self):  # KeyError's own would quote the message
+        return self.args[0]
+
+
+def config_keys(cfg, prefix: str = "") -> List[str]:
+    """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...)."""
+    keys = []
+    for name, value in cfg.items():
+        keys.append(prefix + name)
+        if isinstance(value, CN):
+            keys += config_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def similar_config_keys(cfg, key: str, n: int = 3) -> List[str]:
+    """Up to ``n`` existing keys of ``cfg`` nearest to ``key`` (``difflib``, case ignored), best
+    first: the keys of ``key``'s own section nearest to its last name, then the nearest full keys
+    (``key``'s own sections left out: ``SOLVER.LR`` is not a misspelt ``SOLVER``)."""
+    wanted = key.upper()
+    keys = {k.upper(): k for k in config_keys(cfg) if not wanted.startswith(k.upper() + ".")}
+    parent, _, name = wanted.rpartition(".")
+    section = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
+    found = [section[m] for m in difflib.get_close_matches(name, section, n)]
+    found += difflib.get_close_matches(wanted, keys, n)
+    return [keys[k] for k in dict.fromkeys(found)][:n]
 
 
 def add_aadet_config(cfg):
@@ -65,9 +145,6 @@ def add_aadet_config(cfg):
     _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
     _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5. 1.0 mirrors every image (tree demo: its val
     # image faces the other way, README "What the demo measured")
-    # Vertical flip probability (not in the papers). Overhead imagery has no "up" but has a sun:
-    # a flip turns the shadows, and on the tree demo VFLIP_PROB 0.5 cost 9 AP50.
-    _C.INPUT.SCALE_JITTER.VFLIP_PROB = 0.0
     _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
     # Photometric jitter (Detectron2's RandomBrightness / RandomContrast: factors drawn uniformly
     # from the ranges). NOT part of the papers' recipe, so off by default; the tree-crown demo turns
@@ -76,9 +153,6 @@ def add_aadet_config(cfg):
     _C.INPUT.PHOTOMETRIC.ENABLED = False
     _C.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.75, 1.25)
     _C.INPUT.PHOTOMETRIC.CONTRAST = (0.75, 1.25)
-    # Per-channel gain range (aadet.data.augmentation.RandomChannelGain: each of B, G, R multiplied
-    # by its own factor, a white-balance jitter); (1, 1) = off.
-    _C.INPUT.PHOTOMETRIC.CHANNEL_GAIN = (1.0, 1.0)
 
     # ---------------------------------------------------------------- epoch-based schedule
     # When EPOCHS > 0, SOLVER.MAX_ITER and SOLVER.STEPS are computed at start from the number of
@@ -88,15 +162,12 @@ def add_aadet_config(cfg):
     _C.SOLVER.STEPS_EPOCHS = ()  # LR decay points in epochs; RetinaNet recipe: 2/3, 8/9 -> (100, 133)
     _C.SOLVER.WARMUP_EPOCHS = 0.0  # if > 0, overrides SOLVER.WARMUP_ITERS
 
-    # Optimizer (aadet.engine.optimizer.OPTIMIZERS): "SGD" (papers' recipe; Detectron2's, with
-    # SOLVER.MOMENTUM / NESTEROV) or "AdamW" (SOLVER.ADAMW_BETAS; decoupled SOLVER.WEIGHT_DECAY).
+    # Optimizer (OPTIMIZER_NAMES, built by aadet.engine.optimizer): "SGD" (papers' recipe;
+    # Detectron2's, with SOLVER.MOMENTUM / NESTEROV) or "AdamW" (SOLVER.ADAMW_BETAS; decoupled
+    # SOLVER.WEIGHT_DECAY).
     # Both use Detectron2's parameter groups, LR schedule and gradient clipping.
     _C.SOLVER.OPTIMIZER = "SGD"
     _C.SOLVER.ADAMW_BETAS = (0.9, 0.999)  # AdamW's (beta1, beta2), each in [0, 1)
-    # Learning-rate multiplier of every relative position embedding (rel_h / rel_w of the SASA and
-    # AA layers and the attention stem), with either optimizer: lets the position terms move in a
-    # short schedule (README "What the demo measured"). > 0; 1.0 = the papers' (one LR for all).
-    _C.SOLVER.RELATIVE_EMBEDDING_LR_FACTOR = 1.0
 
     # Keep the checkpoint with the best value of this metric (from the periodic evaluation);
     # "" disables it. Written as model_best.pth next to the periodic checkpoints.
@@ -141,8 +212,8 @@ def add_aadet_config(cfg):
     # AA paper's codebase, TF-TPU RetinaNet).
     _C.MODEL.FPN.P6P7_SOURCE = "p5"
     # Which layer makes FPN's output (3x3 after the merge) and P6/P7 (stride-2 3x3): a name in
-    # FPN_SPATIAL_LAYER_REGISTRY (aadet/modeling/backbone/fpn.py): "conv" (Detectron2's FPN) or
-    # "attention" (SASA's attentional FPN, uses MODEL.SASA.* for the attention layers).
+    # FPN_SPATIAL_LAYER_REGISTRY (above; filled by aadet/modeling/backbone/): "conv" (Detectron2's
+    # FPN) or "attention" (SASA's attentional FPN, uses MODEL.SASA.* for the attention layers).
     _C.MODEL.FPN.SPATIAL_LAYER = "conv"
     # With SPATIAL_LAYER "attention": also make P6/P7's stride-2 3x3 convs local attention. Off by
     # default: with it the all-attention RetinaNet has 1.2M fewer params than SASA's Table 2
@@ -190,12 +261,8 @@ def add_aadet_config(cfg):
     _C.MODEL.SASA.KERNEL_SIZE = 7  # spatial extent k (paper: 7), odd
     _C.MODEL.SASA.NUM_HEADS = 8  # paper: 8
     # aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine encoding,
-    # as MODEL.AA's), "none": paper Table 5. "absolute" is a deprecated spelling of "sine2d"
-    # (accepted with a warning; validate_aadet_config rewrites it).
+    # as MODEL.AA's), "none": paper Table 5.
     _C.MODEL.SASA.POSITIONAL_ENCODING = "relative"
-    # Initial std of the relative row/column embeddings of the local attention layers (backbone,
-    # FPN, head; not the stem), as a multiple of the papers' dkh ** -0.5. 1.0 = the papers'.
-    _C.MODEL.SASA.RELATIVE_INIT_SCALE = 1.0
     # Stages whose spatial (3x3) convolution is replaced by local attention. Paper Table 1/2:
     # all four; Table 3 explores e.g. ("res4", "res5").
     _C.MODEL.SASA.STAGES = ("res2", "res3", "res4", "res5")
@@ -252,11 +319,6 @@ def _check_min(key: str, value, minimum):
         raise config_error(key, f">= {minimum}", value)
 
 
-def _check_positive_number(key: str, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise config_error(key, "a number > 0", value)
-
-
 def _check_range_pair(key: str, value):
     lo_hi = tuple(value)
     if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
@@ -278,55 +340,27 @@ def check_aa_config(cfg):
     if aa.MAX_INPUT_SIZE <= 0:
         raise config_error("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
     _check_min("MODEL.AA.MIN_DK_PER_HEAD", aa.MIN_DK_PER_HEAD, 1)
-    check_one_of("MODEL.AA.IMPL", aa.IMPL, LOGIT_TABLE_IMPLS)
+    check_impl(aa.IMPL, LOGIT_TABLE_IMPLS, name="MODEL.AA.IMPL", error=config_error)
 
 
 def check_sasa_config(cfg):
     """Check the ``MODEL.SASA.*`` keys (called by :func:`validate_aadet_config`, the SASA-ResNet
-    builder and :func:`aadet.modeling.attention_layers.sasa_layer_kwargs`).
-
-    The deprecated ``POSITIONAL_ENCODING`` spellings (``"absolute"``) are accepted here; use
-    :func:`sasa_positional_encoding` for the value the layers get.
-    """
+    builder and :func:`aadet.modeling.attention_layers.sasa_layer_kwargs`)."""
     sa = cfg.MODEL.SASA
     check_subset("MODEL.SASA.STAGES", sa.STAGES, STAGE_NAMES)
-    if sa.KERNEL_SIZE < 1 or sa.KERNEL_SIZE % 2 == 0:
-        raise config_error("MODEL.SASA.KERNEL_SIZE", "an odd integer >= 1", sa.KERNEL_SIZE)
+    check_kernel_size(sa.KERNEL_SIZE, name="MODEL.SASA.KERNEL_SIZE", error=config_error)
     _check_min("MODEL.SASA.NUM_HEADS", sa.NUM_HEADS, 1)
-    _check_positive_number("MODEL.SASA.RELATIVE_INIT_SCALE", sa.RELATIVE_INIT_SCALE)
-    check_one_of(
-        "MODEL.SASA.POSITIONAL_ENCODING",
-        sa.POSITIONAL_ENCODING,
-        SASA_POSITIONAL_ENCODINGS + tuple(DEPRECATED_POSITIONAL_ENCODINGS),
-        f" (deprecated: {DEPRECATED_POSITIONAL_ENCODINGS})",
-    )
+    check_one_of("MODEL.SASA.POSITIONAL_ENCODING", sa.POSITIONAL_ENCODING, SASA_POSITIONAL_ENCODINGS)
     check_one_of("MODEL.SASA.STEM", sa.STEM, SASA_STEMS)
     _check_min("MODEL.SASA.STEM_MIXTURES", sa.STEM_MIXTURES, 1)
     _check_min("MODEL.SASA.STEM_NUM_HEADS", sa.STEM_NUM_HEADS, 1)
     _check_min("MODEL.SASA.STEM_BLOCK_SIZE", sa.STEM_BLOCK_SIZE, 1)
     _check_min("MODEL.SASA.BLOCK_SIZE", sa.BLOCK_SIZE, 1)
-    check_one_of("MODEL.SASA.IMPL", sa.IMPL, LOCAL_ATTENTION_IMPLS)
-
-
-def sasa_positional_encoding(cfg) -> str:
-    """``MODEL.SASA.POSITIONAL_ENCODING`` with a deprecated spelling replaced by its current name
-    (``"absolute"`` -> ``"sine2d"``), logged and warned (``DeprecationWarning``)."""
-    name = cfg.MODEL.SASA.POSITIONAL_ENCODING
-    if name not in DEPRECATED_POSITIONAL_ENCODINGS:
-        return name
-    key = "MODEL.SASA.POSITIONAL_ENCODING"
-    new = canonical_positional_encoding(name, owner=key)  # warns (DeprecationWarning)
-    # DeprecationWarnings are hidden by default outside __main__: log it too.
-    logger.warning(f"Config key {key}={name!r} is deprecated; using {new!r} (same encoding).")
-    return new
+    check_impl(sa.IMPL, LOCAL_ATTENTION_IMPLS, name="MODEL.SASA.IMPL", error=config_error)
 
 
 def _check_fpn_and_head(cfg):
-    # Registries are filled when aadet.modeling is imported (aadet/__init__.py does); importing
-    # them here, not at module level, keeps aadet.config free of the models.
-    from .modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
-    from .modeling.meta_arch.retinanet import RETINANET_HEAD_REGISTRY
-
+    # The registries are filled when aadet.modeling is imported (aadet/__init__.py does).
     check_one_of("MODEL.FPN.P6P7_SOURCE", cfg.MODEL.FPN.P6P7_SOURCE, P6P7_SOURCES)
     check_one_of(
         "MODEL.FPN.SPATIAL_LAYER",
@@ -346,9 +380,6 @@ def validate_aadet_config(cfg):
     """Check every aadet key (and the Detectron2 keys our recipe relies on): the one place where
     allowed ranges are checked; backbones call its ``check_*`` helpers for their keys.
 
-    A deprecated ``MODEL.SASA.POSITIONAL_ENCODING`` (``"absolute"``) is rewritten to its current
-    name (``"sine2d"``) with a warning, unless ``cfg`` is frozen.
-
     Raises:
         ConfigValueError: naming the key, the allowed range and the given value.
     """
@@ -363,10 +394,9 @@ def validate_aadet_config(cfg):
     _check_range_pair("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", sj.LONG_SIDE_RANGE)
     if int(sj.CROP_SIZE) <= 0:
         raise config_error("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
-    for key in ("FLIP_PROB", "VFLIP_PROB"):
-        if not 0.0 <= float(sj[key]) <= 1.0:
-            raise config_error(f"INPUT.SCALE_JITTER.{key}", "in [0, 1]", sj[key])
-    for key in ("BRIGHTNESS", "CONTRAST", "CHANNEL_GAIN"):
+    if not 0.0 <= float(sj.FLIP_PROB) <= 1.0:
+        raise config_error("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
+    for key in ("BRIGHTNESS", "CONTRAST"):
         _check_range_pair(f"INPUT.PHOTOMETRIC.{key}", cfg.INPUT.PHOTOMETRIC[key])
 
     s = cfg.SOLVER
@@ -379,17 +409,12 @@ def validate_aadet_config(cfg):
             "SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS)
         )
     _check_min("SOLVER.LOG_PERIOD", s.LOG_PERIOD, 1)
-    from .engine.optimizer import OPTIMIZERS  # here: aadet.engine imports this module
-
-    check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, tuple(OPTIMIZERS))
+    check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, OPTIMIZER_NAMES)
     if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
         raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
-    _check_positive_number("SOLVER.RELATIVE_EMBEDDING_LR_FACTOR", s.RELATIVE_EMBEDDING_LR_FACTOR)
     _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
     if not 0.0 <= float(cfg.MODEL_EMA.DECAY) < 1.0:
         raise config_error("MODEL_EMA.DECAY", "in [0, 1)", cfg.MODEL_EMA.DECAY)
-    from .modeling.box_voting import VOTE_THRESH_ALLOWED, is_valid_vote_thresh
-
     if not is_valid_vote_thresh(cfg.TEST.BBOX_VOTE.VOTE_TH):
         raise config_error("TEST.BBOX_VOTE.VOTE_TH", VOTE_THRESH_ALLOWED, cfg.TEST.BBOX_VOTE.VOTE_TH)
     aug = cfg.TEST.AUG  # Detectron2's keys; aadet.modeling.RetinaNetWithTTA reads them
@@ -406,6 +431,4 @@ def validate_aadet_config(cfg):
     _check_fpn_and_head(cfg)
     check_aa_config(cfg)
     check_sasa_config(cfg)
-    if not cfg.is_frozen():
-        cfg.MODEL.SASA.POSITIONAL_ENCODING = sasa_positional_encoding(cfg)
     return cfg

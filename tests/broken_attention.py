@@ -10,8 +10,8 @@ MUTATION (applied to every SASA local attention and AA global attention call):
   classic mask/index bug);
 * ``uniform``: queries multiplied by 0, so every window averages its values (no attention).
 
-With ``tests/test_training.py``'s ``AADET_BREAK_ATTENTION=MUTATION`` the learning tests run this
-instead of ``train_net.py``; the README's "Learning tests" table lists what each broken run reached.
+``tests/learning_runs.py`` runs the learning tests' trainings through this with each mutation;
+docs/testing.md lists what each broken run reached.
 """
 import os
 import runpy

@@ -44,16 +44,19 @@ def _shorten(epochs: int) -> List[str]:
             "SOLVER.WARMUP_ITERS", "30"]
 
 
-#: Architecture -> its learning run. Thresholds: see each entry's comment and docs/testing.md.
+#: Architecture -> its learning run. The recorded runs (docs/testing.md, docs/runs/learning) give
+#: each threshold's margin; no run separates a broken attention from a correct one (a broken one
+#: learns as far in so short a run, every residual block starting as its shortcut), so none
+#: asserts a mutation: the layer learning test and the float64 exactness tests catch them.
 RUNS: Dict[str, LearningRun] = {
-    "conv": LearningRun("trees_R_26_slim_FPN.yaml", _shorten(12), 10.0),
-    "aa": LearningRun("trees_AA_R_26_slim_FPN.yaml", _shorten(12), 10.0),
-    "sasa": LearningRun("trees_SASA_R_26_slim_FPN.yaml", _shorten(12), 6.0),
+    "conv": LearningRun("trees_R_26_slim_FPN.yaml", _shorten(12), 20.0),
+    "aa": LearningRun("trees_AA_R_26_slim_FPN.yaml", _shorten(12), 20.0),
+    "sasa": LearningRun("trees_SASA_R_26_slim_FPN.yaml", _shorten(12), 15.0),
     "sasa_full_attention": LearningRun(
         "trees_SASA_full_attention_R_26_slim.yaml",
         # its committed config trains batch 8: 16 epochs are 124 iterations; 160 px crops
         [*_shorten(16), "INPUT.SCALE_JITTER.CROP_SIZE", "160"],
-        0.5,
+        0.3,  # learns at all: an untrained RetinaNet scores 0
     ),
 }
 

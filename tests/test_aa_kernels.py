@@ -1,6 +1,6 @@
 """Exactness of AA's attention kernels that add the 2D relative logit tables without widening the
-head: the Triton flash-attention kernel (``logit_tables_triton``) and the ``flex_attention``
-route (``logit_tables_flex``).
+head: the Triton flash-attention kernel (``backends/logit_tables_triton``) and the
+``flex_attention`` route (``backends/logit_tables_flex``).
 
 References (float64):
   * ``reference``: ``softmax(q k^T + T_row[:, j // W] + T_col[:, j % W]) v`` written out;
@@ -12,7 +12,9 @@ On CPU the Triton kernels run under Triton's interpreter, which must be on befor
 imported (triton decorates its own ``tl.sum``/``tl.zeros`` at import; the modes do not mix). So
 ``test_triton_cpu_in_interpreter`` runs this file's ``triton_cpu`` tests in a fresh process with
 ``TRITON_INTERPRET=1``; in a process already in that mode they run directly. ``@pytest.mark.cuda``
-tests run the compiled kernels on a GPU.
+tests run the compiled kernels on a GPU. Without a GPU, the ``compile`` tests compile every kernel
+variant the launch code makes for the configs' AA layers down to an sm_90 cubin
+(``tests/triton_aot.py``).
 """
 import os
 import subprocess
@@ -21,11 +23,13 @@ import sys
 import pytest
 import torch
 
-from aadet.layers.functional.logit_tables_flex import (
+from aadet.layers.augmented_conv import AugmentedConv2d
+from aadet.layers.functional.backends import logit_tables_triton
+from aadet.layers.functional.backends.logit_tables_flex import (
     flex_attention_with_logit_tables,
     flex_attention_with_row_col_tables,
 )
-from aadet.layers.functional.logit_tables_triton import (
+from aadet.layers.functional.backends.logit_tables_triton import (
     TRITON_AVAILABLE,
     TRITON_INTERPRETED,
     row_col_tables_from_index,
@@ -33,6 +37,7 @@ from aadet.layers.functional.logit_tables_triton import (
     triton_attention_with_row_col_tables,
 )
 from aadet.layers.functional.relative_attention import relative_logit_tables_2d
+import triton_aot  # tests/triton_aot.py
 
 needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -373,3 +378,116 @@ def test_flex_cuda(h, w, dk, dv, dtype):
         lambda q, k, v, tr, tc: flex_attention_with_row_col_tables(q, k, v, tr, tc, w),
         inputs, w, dtype,
     )
+
+
+# ----------------------------------------------------------------------------- compiled for an H100, no GPU
+# The interpreter does not type-check the kernels as the compiler does (tl.dot's operand types,
+# constexpr branches, the tile reshapes): tests/triton_aot.py runs the launch code on CPU with the
+# kernels recorded and compiles each launch for sm_90 (Triton's bundled LLVM and ptxas need no GPU).
+compiles_for_h100 = pytest.mark.skipif(
+    not TRITON_AVAILABLE or TRITON_INTERPRETED or not triton_aot.nvidia_backend_available(),
+    reason="needs Triton's CUDA backend (compiled mode)")
+AA_KERNELS = ("fwd", "dkdv", "dq")
+#: fp32: a float32 model; bf16: bf16 autocast (bf16 q, k, v; the tables in float32).
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+RESNET_STRIDES = {"res2": 4, "res3": 8, "res4": 16, "res5": 32}
+
+
+@pytest.fixture(scope="module")
+def config_aa_layers():
+    """``{(num_heads, dkh, dvh, relative): [configs]}`` of every config."""
+    return triton_aot.config_attention_layers()["aa"]
+
+
+def _config_map_widths(config):
+    """Attention map widths of ``config``'s AA layers: its training crops (``INPUT.SCALE_JITTER
+    .CROP_SIZE``) and its test images' longer side (``INPUT.MAX_SIZE_TEST``), at each AA stage's
+    stride (twice that where the layer pools first). Other aspect ratios give other widths: the
+    slow test compiles every tile the launch code can choose."""
+    from aadet.engine import load_config
+
+    cfg = load_config(os.path.join(REPO, config))
+    jitter = cfg.INPUT.SCALE_JITTER
+    sides = {cfg.INPUT.MAX_SIZE_TEST} | ({jitter.CROP_SIZE} if jitter.ENABLED else set())
+    return {-(-side // (RESNET_STRIDES[stage] * (2 if stage in cfg.MODEL.AA.DOWNSAMPLE_STAGES else 1)))
+            for side in sides for stage in cfg.MODEL.AA.STAGES}
+
+
+def _aa_layer_launches(spec, precision, size):
+    """The kernel launches of an ``AugmentedConv2d`` of ``spec`` on the ``impl="triton"`` route
+    (forward and backward, attention map ``size``), on CPU with the kernels recorded."""
+    heads, dkh, dvh, rel = spec
+    dv = heads * dvh
+    layer = AugmentedConv2d(8, dv + 8, 3, dk=heads * dkh, dv=dv, num_heads=heads, max_size=max(size),
+                            positional_encoding="relative" if rel else "none", impl="triton")
+    x = torch.randn(1, 8, *size)
+
+    def run():
+        with torch.autocast("cpu", dtype=PRECISIONS[precision] or torch.bfloat16,
+                            enabled=PRECISIONS[precision] is not None):
+            out = layer(x)
+        out.float().sum().backward()
+
+    saved = logit_tables_triton._check_runnable  # the launch without its "CUDA tensors" check
+    logit_tables_triton._check_runnable = lambda q: None
+    try:
+        return triton_aot.run_recorded(logit_tables_triton._KERNELS, AA_KERNELS, run)
+    finally:
+        logit_tables_triton._check_runnable = saved
+
+
+def _tiles(launches):
+    return {(launch.kwargs["ROWS"], launch.kwargs["BLOCK_W"]) for launch in launches}
+
+
+def _assert_compile(launches):
+    n, failures = triton_aot.compile_launches(launches)
+    assert not failures, f"{len(failures)} of {n} kernel variants do not compile for sm_90:\n" + "\n".join(failures)
+    return n
+
+
+@compiles_for_h100
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_kernels_compile_for_an_h100_without_a_gpu(config_aa_layers, precision):
+    # Every AA layer of the COCO and demo configs at its training and test map widths, in fp32 and
+    # under bf16 autocast (tl.dot on bf16 tiles): forward, dk/dv and dq kernels.
+    assert {c.split("/")[1] for cs in config_aa_layers.values() for c in cs} == {"COCO-Detection", "Demo"}
+    launches, tiles = [], set()
+    for spec, configs in config_aa_layers.items():
+        widths = set().union(*(_config_map_widths(c) for c in configs))
+        for w in sorted(widths):
+            got = _aa_layer_launches(spec, precision, (2, w))
+            assert {launch.kernel.__name__ for launch in got} == {"_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"}
+            launches += got
+        if spec[3]:  # relative: the key tile follows the map's rows (BLOCK_W = W rounded up)
+            tiles |= {min(1 << (w - 1).bit_length(), logit_tables_triton.MAX_BLOCK_W) for w in widths}
+    assert {bw for _, bw in _tiles(launches)} >= tiles
+    dtype = "*bf16" if precision == "bf16" else "*fp32"
+    for launch in launches:
+        sig = triton_aot.specialization(launch)[0]
+        assert sig["Q"] == sig["K"] == sig["V"] == dtype and sig["LSE"] == "*fp32", sig
+        assert launch.kwargs["OP_F32"] is False  # compiled mode: tl.dot on the input type
+    _assert_compile(launches)
+
+
+@pytest.mark.slow  # some 20 more variants each: about a minute on 2 cores without Triton's cache
+@compiles_for_h100
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_every_tile_the_launch_code_makes_compiles_for_an_h100(config_aa_layers, precision):
+    # Any image size: every key tile the launch code can choose (ROWS x BLOCK_W whole rows, up to
+    # MAX_BLOCK_W columns), with and without the relative tables, and single-row / single-column
+    # maps (Triton folds an integer argument equal to 1 into a constant).
+    lt = logit_tables_triton
+    widths = {}  # tile (ROWS, BLOCK_W) of the launch code's plan -> the narrowest map that gets it
+    for w in range(1, 2 * lt.MAX_BLOCK_W + 1):
+        plan = lt._Plan(1, 2, w, 8, 8, lt.BLOCK_M, lt.BLOCK_N, lt.MAX_BLOCK_W)
+        widths.setdefault((plan.rows, plan.block_w), w)
+    launches = []
+    for heads, dkh, dvh, _ in config_aa_layers:
+        for rel in (True, False):
+            for size in [(2, w) for w in sorted(widths.values())] + [(1, 1), (1, 7), (7, 1)]:
+                launches += _aa_layer_launches((heads, dkh, dvh, rel), precision, size)
+    assert _tiles(launches) == set(widths) and len(widths) == 8
+    flags = {(launch.kwargs["HAS_ROW"], launch.kwargs["HAS_COL"]) for launch in launches}
+    assert flags >= {(True, True), (False, False)}
+    _assert_compile(launches)

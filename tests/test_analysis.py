@@ -18,7 +18,6 @@ from aadet.analysis import attention_flops, count_flops, parameter_breakdown
 from aadet.analysis.model_table import (
     COLUMNS,
     FLOP_COLUMNS,
-    analyze_config,
     list_configs,
     load_demo_results,
     parse_markdown,
@@ -72,7 +71,7 @@ FLOP_CHECKED = (
 @functools.lru_cache(maxsize=None)
 def _row(config_file, flops):
     demo = load_demo_results(os.path.join(REPO, "docs", "demo_results.json"))
-    return analyze_config(config_file, flops=flops, demo_results=demo)
+    return _load_tool("analyze_model").analyze_config(config_file, flops=flops, demo_results=demo)
 
 
 def _name(path):

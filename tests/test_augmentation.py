@@ -74,33 +74,12 @@ def test_config_driven_and_disabled_path():
         assert max(t.new_h, t.new_w) == 640
 
 
-def test_channel_gain_scales_each_channel_and_keeps_boxes():
-    from aadet.data.augmentation import RandomChannelGain
-
-    np.random.seed(0)
-    img = np.full((8, 8, 3), 100, np.uint8)
-    t = RandomChannelGain(0.5, 1.5).get_transform(img)
-    out = t.apply_image(img)
-    assert out.dtype == np.uint8 and out.shape == img.shape
-    gains = out[0, 0].astype(np.float64) / 100
-    assert np.all((gains >= 0.5 - 0.01) & (gains <= 1.5 + 0.01)) and len(set(gains)) == 3
-    assert np.all(out == out[0, 0])  # one gain per channel, everywhere
-    boxes = np.array([[1.0, 2.0, 5.0, 7.0]])
-    assert np.array_equal(t.apply_box(boxes), boxes)
-    bright = np.full((2, 2, 3), 250, np.uint8)
-    assert RandomChannelGain(2.0, 2.0).get_transform(bright).apply_image(bright).max() == 255  # clipped
-
-
-def test_optional_vertical_flip_and_photometric_keys():
-    from aadet.data.augmentation import RandomChannelGain
-
+def test_optional_photometric_jitter():
     cfg = get_aadet_cfg()
-    cfg.INPUT.SCALE_JITTER.VFLIP_PROB = 0.5
     cfg.INPUT.PHOTOMETRIC.ENABLED = True
-    cfg.INPUT.PHOTOMETRIC.CHANNEL_GAIN = (0.8, 1.2)
+    cfg.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.8, 1.2)
     augs = build_augmentation(cfg, True)
-    assert [type(a) for a in augs] == [T.ResizeScale, T.FixedSizeCrop, T.RandomFlip, T.RandomFlip,
-                                       T.RandomBrightness, T.RandomContrast, RandomChannelGain]
-    assert (augs[2].horizontal, augs[3].vertical, augs[3].prob) == (True, True, 0.5)
-    cfg.INPUT.PHOTOMETRIC.CHANNEL_GAIN = (1.0, 1.0)  # off
-    assert RandomChannelGain not in [type(a) for a in build_augmentation(cfg, True)]
+    assert [type(a) for a in augs] == [T.ResizeScale, T.FixedSizeCrop, T.RandomFlip,
+                                       T.RandomBrightness, T.RandomContrast]
+    assert (augs[2].horizontal, augs[2].vertical) == (True, False)
+    assert (augs[3].intensity_min, augs[3].intensity_max) == (0.8, 1.2)

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from aadet.analysis import report, timing
+from aadet.analysis import timing
 from aadet.analysis.report import (
     MISSING,
     fmt,

@@ -1,7 +1,9 @@
 """Config keys: schedule conversion and clear errors for bad values."""
+import re
+
 import pytest
 
-from aadet.config import ConfigValueError, validate_aadet_config
+from aadet.config import ConfigValueError, UnknownConfigKeyError, similar_config_keys, validate_aadet_config
 from aadet.engine import apply_epoch_schedule, epochs_to_iters, get_aadet_cfg, load_config
 
 
@@ -35,8 +37,7 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", (768, 512), "LONG_SIDE_RANGE"),
         ("INPUT.SCALE_JITTER.CROP_SIZE", 0, "CROP_SIZE"),
         ("INPUT.SCALE_JITTER.FLIP_PROB", 1.5, "FLIP_PROB"),
-        ("INPUT.SCALE_JITTER.VFLIP_PROB", -0.1, "INPUT.SCALE_JITTER.VFLIP_PROB must be in"),
-        ("INPUT.PHOTOMETRIC.CHANNEL_GAIN", (1.2, 0.8), "INPUT.PHOTOMETRIC.CHANNEL_GAIN must be"),
+        ("INPUT.PHOTOMETRIC.CONTRAST", (1.2, 0.8), "INPUT.PHOTOMETRIC.CONTRAST must be"),
         ("SOLVER.EPOCHS", -1, "SOLVER.EPOCHS"),
         ("MODEL.FPN.P6P7_SOURCE", "c5", "P6P7_SOURCE"),
         ("MODEL.AA.KAPPA", 0.0, "MODEL.AA.KAPPA"),
@@ -71,12 +72,59 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(str(tmp_path / "nope.yaml"))
 
 
+def test_key_typo_in_a_file_names_the_file_and_the_nearest_key(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("MODEL:\n  SASA:\n    NUM_HEADS: 4\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("_BASE_: base.yaml\nMODEL:\n  SASA:\n    KERNEL_SZE: 5\n")
+    with pytest.raises(KeyError) as info:  # a KeyError, as yacs' own
+        load_config(str(child))
+    assert isinstance(info.value, UnknownConfigKeyError)
+    assert str(info.value).startswith(
+        f"Unknown config key MODEL.SASA.KERNEL_SZE in config file {child}; "
+        "did you mean MODEL.SASA.KERNEL_SIZE?"
+    )
+    assert info.value.suggestions[0] == "MODEL.SASA.KERNEL_SIZE"
+    # A typo in a _BASE_ file names that file; a misspelt section is matched as a whole key.
+    base.write_text("MODEL:\n  SASSA:\n    NUM_HEADS: 4\n")
+    child.write_text("_BASE_: base.yaml\nMODEL:\n  SASA:\n    KERNEL_SIZE: 5\n")
+    needle = f"MODEL.SASSA in config file {base}; did you mean MODEL.SASA?"
+    with pytest.raises(UnknownConfigKeyError, match=re.escape(needle)):
+        load_config(str(child))
+
+
+def test_key_typo_on_the_command_line_names_the_nearest_key():
+    with pytest.raises(KeyError) as info:
+        load_config("", ["MODEL.SASA.KERNEL_SZE", "5"])
+    assert isinstance(info.value, UnknownConfigKeyError)
+    assert str(info.value).startswith(
+        "Unknown config key MODEL.SASA.KERNEL_SZE on the command line; did you mean MODEL.SASA.KERNEL_SIZE?"
+    )
+    needle = "SOLVER.BASE_LRR on the command line; did you mean SOLVER.BASE_LR?"
+    with pytest.raises(UnknownConfigKeyError, match=re.escape(needle)):
+        load_config("", ["SOLVER.BASE_LRR", "0.1"])
+    with pytest.raises(UnknownConfigKeyError, match="FOO.BAR on the command line; no existing key is close"):
+        load_config("", ["FOO.BAR", "1"])
+    with pytest.raises(AssertionError, match="odd length"):  # other yacs errors pass through
+        load_config("", ["SOLVER.BASE_LR"])
+
+
+def test_similar_config_keys():
+    cfg = get_aadet_cfg()
+    assert similar_config_keys(cfg, "MODEL.SASA.KERNEL_SZE")[0] == "MODEL.SASA.KERNEL_SIZE"
+    assert similar_config_keys(cfg, "model.sasa.kernel_size")[0] == "MODEL.SASA.KERNEL_SIZE"  # case
+    assert similar_config_keys(cfg, "MODEL.RESNET.DEPTH")[0] == "MODEL.RESNETS.DEPTH"
+    assert similar_config_keys(cfg, "SEEED") == ["SEED"]
+    assert "SOLVER" not in similar_config_keys(cfg, "SOLVER.LR")  # its own section is no answer
+    assert similar_config_keys(cfg, "XYZZY.PLUGH") == []
+
+
 @pytest.mark.parametrize(
     "key,value,allowed",
     [
         ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
         ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
-        ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none', 'absolute')"),
+        ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none')"),
         ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'fused', 'materialized', 'triton')"),
         ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
     ],
@@ -121,7 +169,7 @@ def test_allowed_values_come_from_their_owners():
     junk = ["", "Relative", "absolute2d", "conv2"]
     assert accepted("MODEL.AA.POSITIONAL_ENCODING", list(AA_POSITIONAL_ENCODINGS) + ["absolute"] + junk) \
         == list(AA_POSITIONAL_ENCODINGS)
-    assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + junk) \
+    assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + ["absolute"] + junk) \
         == list(SASA_POSITIONAL_ENCODINGS)
     assert accepted("MODEL.SASA.IMPL", list(LOCAL_ATTENTION_IMPLS) + junk) == list(LOCAL_ATTENTION_IMPLS)
     assert accepted("MODEL.AA.IMPL", list(LOGIT_TABLE_IMPLS) + junk) == list(LOGIT_TABLE_IMPLS)
@@ -148,16 +196,6 @@ def test_a_newly_registered_spatial_layer_is_accepted():
         validate_aadet_config(cfg)
     finally:
         FPN_SPATIAL_LAYER_REGISTRY._obj_map.pop("test_identity_layer")  # test cleanup only
-
-
-def test_sasa_absolute_is_deprecated_and_means_sine2d(caplog):
-    cfg = get_aadet_cfg()
-    cfg.MODEL.SASA.POSITIONAL_ENCODING = "absolute"
-    with pytest.warns(DeprecationWarning, match="'absolute' is deprecated.*'sine2d'"):
-        validate_aadet_config(cfg)
-    assert cfg.MODEL.SASA.POSITIONAL_ENCODING == "sine2d"
-    assert any("MODEL.SASA.POSITIONAL_ENCODING='absolute' is deprecated" in r.getMessage()
-               for r in caplog.records)
 
 
 def test_removed_keys_are_gone():

@@ -1,5 +1,6 @@
-"""The Detectron2 internals wrapped in aadet.engine.d2compat still exist and mean what the wrappers
-assume. A failure here names the internal a new Detectron2 changed: fix d2compat, nowhere else."""
+"""The Detectron2 and fvcore internals wrapped in aadet.utils.d2compat still exist and mean what the
+wrappers assume, one test (or more) per internal. A failure here names the internal a new Detectron2
+or fvcore changed: fix d2compat, nowhere else."""
 import inspect
 import os
 
@@ -11,7 +12,8 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNet
 from detectron2.utils.events import EventStorage
 
 import aadet  # noqa: F401
-from aadet.engine import d2compat, load_config
+from aadet.engine import load_config
+from aadet.utils import d2compat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,3 +124,192 @@ def test_aadet_retinanet_normalizer_goes_through_the_hook():
     assert num_pos >= 1
     assert float(model.loss_normalizer_ema) == pytest.approx(100 * 0.9 + num_pos * 0.1)
     assert not hasattr(model, "loss_normalizer")
+
+
+def _demo_model(*opts):
+    from detectron2.modeling import build_model
+
+    cfg = load_config(os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
+                      ["MODEL.DEVICE", "cpu", *opts], freeze=False)
+    torch.manual_seed(0)
+    return build_model(cfg)
+
+
+# ------------------------------------------------------------------ DenseDetector._decode_multi_level_predictions
+def test_decode_multi_level_predictions_is_what_retinanet_inference_calls():
+    params = list(inspect.signature(DenseDetector._decode_multi_level_predictions).parameters)
+    assert params == ["self", "anchors", "pred_scores", "pred_deltas", "score_thresh", "topk_candidates",
+                      "image_size"], (
+        "DenseDetector._decode_multi_level_predictions changed its signature: update "
+        "d2compat.decode_multi_level_predictions")
+    assert "_decode_multi_level_predictions" in RetinaNet.inference_single_image.__code__.co_names, (
+        "RetinaNet.inference_single_image no longer decodes through _decode_multi_level_predictions")
+
+
+def test_aadet_retinanet_inference_without_voting_is_detectron2s():
+    from detectron2.structures import Boxes
+
+    model = _demo_model("TEST.BBOX_VOTE.ENABLED", "False").eval()
+    assert model.bbox_vote_thresh == 0.0
+    g = torch.Generator().manual_seed(0)
+    anchors, scores, deltas = [], [], []
+    for n in (40, 12):  # two levels
+        xy = torch.rand(n, 2, generator=g) * 48
+        anchors.append(Boxes(torch.cat([xy, xy + 8 + torch.rand(n, 2, generator=g) * 8], dim=1)))
+        scores.append(torch.rand(n, 1, generator=g))
+        deltas.append(torch.randn(n, 4, generator=g) * 0.1)
+    ours = model.inference_single_image(anchors, scores, deltas, (64, 64))
+    theirs = RetinaNet.inference_single_image(model, anchors, scores, deltas, (64, 64))
+    assert len(ours) > 0
+    assert torch.equal(ours.pred_boxes.tensor, theirs.pred_boxes.tensor)
+    assert torch.equal(ours.scores, theirs.scores) and torch.equal(ours.pred_classes, theirs.pred_classes)
+
+
+# ----------------------------------------------------------------------------- DefaultTrainer._last_eval_results
+def test_default_trainer_train_returns__last_eval_results():
+    assert "_last_eval_results" in DefaultTrainer.train.__code__.co_names, (
+        "DefaultTrainer.train() no longer returns self._last_eval_results: update "
+        "d2compat.set_train_results")
+    from detectron2.config import get_cfg
+
+    trainer = DefaultTrainer.__new__(DefaultTrainer)  # no model, no loader: a loop of 0 iterations
+    trainer._hooks, trainer.start_iter, trainer.max_iter = [], 0, 0
+    trainer.cfg = get_cfg()
+    trainer.cfg.TEST.EXPECTED_RESULTS = [["bbox", "AP", 50.0, 0.1]]
+    results = {"bbox": {"AP": 50.0}}
+    d2compat.set_train_results(trainer, results)
+    assert trainer.train() is results
+
+
+# ----------------------------------------------------------------------------- fvcore Checkpointer._load_model
+def test_checkpointer_load_goes_through__load_model(tmp_path):
+    from detectron2.checkpoint import DetectionCheckpointer
+    from fvcore.common.checkpoint import Checkpointer
+
+    assert "_load_model" in Checkpointer.load.__code__.co_names, (
+        "fvcore Checkpointer.load no longer calls self._load_model: update d2compat.LoadModelHook")
+    for cls in (Checkpointer, DetectionCheckpointer):
+        assert list(inspect.signature(cls._load_model).parameters) == ["self", "checkpoint"], cls
+
+    seen = []
+
+    class Recording(d2compat.LoadModelHook, DetectionCheckpointer):
+        def load_model_state(self, checkpoint):
+            seen.append(sorted(checkpoint["model"]))
+            return super().load_model_state(checkpoint)
+
+    torch.save({"model": {"weight": torch.ones(2, 2), "extra": torch.zeros(1)}}, tmp_path / "w.pth")
+    model = torch.nn.Linear(2, 2)
+    Recording(model).load(str(tmp_path / "w.pth"))
+    assert seen == [["extra", "weight"]]
+    assert torch.equal(model.weight.detach(), torch.ones(2, 2))
+
+
+def test_aadet_checkpointer_overrides_the_public_hook():
+    from aadet.engine import AADetCheckpointer
+
+    assert "_load_model" not in vars(AADetCheckpointer) and "load_model_state" in vars(AADetCheckpointer)
+
+
+# ----------------------------------------------------------------------------- fvcore Registry._do_register
+def test_named_registry_files_under_the_given_name():
+    from fvcore.common.registry import Registry
+
+    assert list(inspect.signature(Registry._do_register).parameters) == ["self", "name", "obj"], (
+        "fvcore Registry._do_register changed its signature: update d2compat.NamedRegistry")
+    registry = d2compat.NamedRegistry("TEST_NAMED")
+
+    @registry.register("short")
+    def a_descriptive_name():
+        pass
+
+    @registry.register()
+    def plain():
+        pass
+
+    assert registry.get("short") is a_descriptive_name and registry.get("plain") is plain
+    assert sorted(name for name, _ in registry) == ["plain", "short"]
+    with pytest.raises(AssertionError, match="short"):  # fvcore refuses a second object of a name
+        registry.register("short")(plain)
+
+
+# ----------------------------------------------------------------------------- maybe_add_gradient_clipping
+def test_maybe_add_gradient_clipping_wraps_any_optimizer():
+    from detectron2.config import get_cfg
+
+    assert list(inspect.signature(d2compat.maybe_add_gradient_clipping).parameters) == ["cfg", "optimizer"]
+    cfg = get_cfg()
+    params = [torch.nn.Parameter(torch.ones(2))]
+    adamw = torch.optim.AdamW(params, lr=1.0)
+    assert d2compat.maybe_add_gradient_clipping(cfg, adamw) is adamw  # CLIP_GRADIENTS off
+    cfg.SOLVER.CLIP_GRADIENTS.ENABLED = True
+    cfg.SOLVER.CLIP_GRADIENTS.CLIP_TYPE, cfg.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = "value", 0.5
+    clipped = d2compat.maybe_add_gradient_clipping(cfg, torch.optim.SGD(params, lr=1.0))
+    assert isinstance(clipped, torch.optim.SGD) and type(clipped) is not torch.optim.SGD
+    params[0].grad = torch.full((2,), 10.0)
+    clipped.step()
+    assert torch.allclose(params[0].detach(), torch.full((2,), 0.5))  # 1 - lr * clip(10, 0.5)
+
+
+# ----------------------------------------------------------------------------- nowhere else
+#: The internals d2compat wraps; no other module of aadet names them.
+WRAPPED_INTERNALS = {
+    "_trainer", "_data_loader_iter", "create_ddp_model", "_last_eval_results", "_ema_update",
+    "_decode_multi_level_predictions", "_load_model", "_do_register", "_obj_map", "_init",
+    "maybe_add_gradient_clipping", "COCOeval_opt", "_LOCAL_PROCESS_GROUP",
+}
+
+
+def test_no_other_module_of_aadet_touches_the_wrapped_internals():
+    import ast
+
+    root = os.path.join(REPO, "aadet")
+    own = os.path.join(root, "utils", "d2compat.py")
+    bad = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            if not f.endswith(".py") or path == own:
+                continue
+            with open(path) as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                names, private = [], []  # any wrapped name; any private name of detectron2/fvcore
+                if isinstance(node, ast.Attribute):
+                    names = [node.attr]
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [node.name]
+                elif isinstance(node, ast.ImportFrom):  # (d2compat's own names may be imported)
+                    if not node.level and node.module.split(".")[0] in ("detectron2", "fvcore"):
+                        names = [a.name for a in node.names]
+                        private = [n for n in node.module.split(".") + names if n.startswith("_")]
+                elif isinstance(node, ast.Import):
+                    private = [p for a in node.names if a.name.split(".")[0] in ("detectron2", "fvcore")
+                               for p in a.name.split(".") if p.startswith("_")]
+                for name in [n for n in names if n in WRAPPED_INTERNALS] + private:
+                    bad.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {name}")
+    assert not bad, "Detectron2/fvcore internals used outside aadet/utils/d2compat.py:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- comm._LOCAL_PROCESS_GROUP
+@pytest.mark.parametrize("v06", [False, True], ids=["create_local_process_group", "v0.6"])
+def test_create_local_process_group_sets_detectron2s_local_group(v06, monkeypatch, tmp_path):
+    import torch.distributed as dist
+    from detectron2.utils import comm
+
+    assert hasattr(comm, "_LOCAL_PROCESS_GROUP"), (
+        "detectron2.utils.comm._LOCAL_PROCESS_GROUP is gone: update d2compat.create_local_process_group")
+    if v06:  # Detectron2 v0.6 has no create_local_process_group
+        monkeypatch.delattr(comm, "create_local_process_group")
+    else:
+        comm.create_local_process_group.cache_clear()
+    monkeypatch.setattr(comm, "_LOCAL_PROCESS_GROUP", None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        d2compat.create_local_process_group(1)
+        assert comm._LOCAL_PROCESS_GROUP is not None
+        assert comm.get_local_rank() == 0 and comm.get_local_size() == 1
+    finally:
+        dist.destroy_process_group()
+        if not v06:
+            comm.create_local_process_group.cache_clear()

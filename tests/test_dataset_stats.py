@@ -270,12 +270,8 @@ def test_suggested_recipe_learns_better(tmp_path):
     objects) against the config ``check_dataset.py --write`` suggests (scale 1.6x, test side 1024,
     anchors 16-102 from 2 strides of P3, one square ratio, 382 detections), same 48 iterations.
 
-    Measured 2026-11-23 on 2 cores (default threads; the demo config then flipped half the tiles,
-    it now mirrors all, and the written config flips half), this test: demo recipe AP50 5.3, suggestion
-    35.0; twice as long (96 iterations, 8 min 49 s for both trainings): 8.76 (the same 8.76 in a
-    separate run on the same machine) and 57.3. Thresholds: the suggestion reaches AP50 25 and
-    beats the guess by 15 points: the demo's own recipe fails them, as would one-stride anchors
-    (AP50 0.0 on 320 px tiles). (On
+    Thresholds: the suggestion reaches AP50 25 and beats the guess by 15 points: the demo's own
+    recipe fails them, as would one-stride anchors on 320 px tiles (the test prints both APs). (On
     128 px tiles of the same objects the demo's own resize already enlarges them 2.5-3.75x: demo
     recipe 94.7, suggestion 91.4, one seed each; there the guess happens to fit.)"""
     import check_dataset

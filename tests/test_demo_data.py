@@ -91,7 +91,8 @@ def test_sources_in_wheel(sources):
     for stem, (w, h, n) in EXPECTED_SOURCES.items():
         ann = sources[stem]
         assert (ann.width, ann.height, len(ann.boxes)) == (w, h, n), stem
-        assert set(ann.labels) == {"Tree"}
+        # SOAP_061 labels its crowns "Dead" / "Alive"; all are the one class Tree
+        assert set(ann.labels) == ({"Dead", "Alive"} if stem == TEST_STEM else {"Tree"}), stem
         assert (ann.boxes[:, 2] > ann.boxes[:, 0]).all() and (
             ann.boxes[:, 3] > ann.boxes[:, 1]
         ).all()
@@ -510,6 +511,13 @@ def test_import_registers_default_names():
 # Source text that marks download / archive / file-preparation code (tools/demo_trees.py has all).
 _PREP_MARKERS = ("import zipfile", "import urllib", "from urllib", "pip download", '"download"',
                  "import subprocess", "import shutil", "import hashlib")
+# Modules that use a marker's module for something else, and what for.
+_MARKERS_ALLOWED = {
+    # run summaries: `git rev-parse HEAD` for the commit, sha256 of the resolved config
+    "aadet.utils.run_summary": {"import subprocess", "import hashlib"},
+    # the weights fingerprint that ranks compare
+    "aadet.engine.rank_sync": {"import hashlib"},
+}
 
 
 def test_importing_aadet_loads_no_data_preparation_code():
@@ -535,7 +543,7 @@ def test_importing_aadet_loads_no_data_preparation_code():
     for name, path in ours.items():
         with open(path) as f:
             source = f.read()
-        found = [m for m in _PREP_MARKERS if m in source]
+        found = [m for m in _PREP_MARKERS if m in source and m not in _MARKERS_ALLOWED.get(name, ())]
         assert not found, f"{name} ({path}) is loaded by `import aadet` and contains {found}"
     with open(demo_trees.__file__) as f:  # the markers do find the real preparation code
         source = f.read()

@@ -16,9 +16,10 @@ from aadet.engine import Predictor, load_config
 from aadet.utils.visualizer import LEGEND_HEIGHT, enlarge_factor
 from test_export import random_detector
 
+import demo  # tools/ is on the test path (pytest.ini)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
-import demo  # tools/ is on the test path (pytest.ini)
 
 THRESH = 0.5
 OPTS = ["MODEL.DEVICE", "cpu", "INPUT.MIN_SIZE_TEST", "128", "INPUT.MAX_SIZE_TEST", "128"]

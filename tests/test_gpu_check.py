@@ -1,10 +1,15 @@
 """``tools/gpu_check.py`` and ``aadet/analysis/gpu_report.py`` on CPU: the benchmark JSON ->
 ``benchmarks_cuda.json`` conversion with its target verdicts (synthetic benchmark outputs with
-known numbers), the junit parser, the stage merge, and the configs stage's ``--device cpu`` dry
-run on one tiny config."""
+known numbers) and a smoke run's lack of them, the junit parser and the ``tests`` stage's verdict
+(a skipped CUDA test fails it), the stage merge and its refusal of stage files of another
+commit, the demo metrics of two test datasets, the configs stage's ``--device cpu`` dry run on
+one tiny config, and that no CUDA test of the suite hides from ``pytest -m cuda``."""
 import importlib.util
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -194,6 +199,7 @@ def test_parse_junit_counts_and_messages():
         {"test": "tests.test_cuda::test_d", "kind": "errors", "message": "fixture 'x' not found"},
     ]
     assert j["skipped_reasons"] == {"needs CUDA": 1}
+    assert j["skipped_tests"] == [{"test": "tests.test_cuda::test_c", "reason": "needs CUDA"}]
 
 
 def test_merge_stage_results_status_and_markdown():
@@ -210,6 +216,95 @@ def test_merge_stage_results_status_and_markdown():
     assert gr.merge_stage_results(everything)["status"] == "ok"
     with pytest.raises(ValueError, match="unknown stage"):
         gr.merge_stage_results({"lint": {"status": "ok"}})
+
+
+def junit_xml(*cases):
+    """A pytest ``--junitxml`` file of ``(name, outcome)`` cases; outcome ``"passed"``,
+    ``"failure"``, ``"error"`` or ``"skipped:<reason>"``."""
+    body = []
+    for name, outcome in cases:
+        kind, _, msg = outcome.partition(":")
+        inner = "" if kind == "passed" else f'<{kind} message="{msg or kind}"/>'
+        body.append(f'<testcase classname="tests.test_cuda" name="{name}" time="1">{inner}</testcase>')
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" time="3">'
+            + "".join(body) + "</testsuite></testsuites>")
+
+
+def test_tests_stage_is_ok_only_when_every_cuda_test_ran_and_passed():
+    ok = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "passed")))
+    assert gr.tests_stage_result(ok, 0) == {"status": "ok"}
+    # one pass and a skip, no failure: still a check that did not happen
+    skipped = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "skipped:needs the triton package"),
+                                       ("test_c", "skipped:needs the triton package")))
+    v = gr.tests_stage_result(skipped, 0)
+    assert v["status"] == "failed"
+    assert "2 CUDA-marked test(s) skipped: needs the triton package (2)" in v["error"]
+    failed = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "failure:AssertionError")))
+    assert gr.tests_stage_result(failed, 1)["error"] == "1 failed, 0 errors"
+    none = gr.parse_junit(junit_xml())
+    assert gr.tests_stage_result(none, 5)["error"] == "no CUDA test ran (none collected)"
+    assert gr.tests_stage_result(gr.parse_junit(junit_xml(("test_a", "passed"))), 3)["error"] == "pytest exit 3"
+    assert "no junit XML (exit timeout)" in gr.tests_stage_result(None, "timeout")["error"]
+    # the report lists every skip with its reason and test
+    stage = dict(gr.tests_stage_result(skipped, 0), junit=skipped)
+    md = gr.render_report_markdown(gr.merge_stage_results({"tests": stage}))
+    assert "## tests: failed" in md and "- skipped (2): needs the triton package" in md
+    assert "`tests.test_cuda::test_b`" in md and "`tests.test_cuda::test_c`" in md
+
+
+def test_a_smoke_run_gets_no_target_verdict():
+    small = dict(config_report(), size=[256, 256], batch=2)
+    layers = [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB), layer_report(True, 0.001, 0.0015, 50, 60)]
+    for layer in layers:
+        layer["batch"] = 2
+    for bench in (gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16", smoke=True),
+                  gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16"),  # other sizes: the same
+                  gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16", smoke=True)):
+        assert bench["comparable"] is False and "defined at 640x640, batch 8" in bench["not_comparable_why"]
+        statuses = {t["status"] for t in bench["targets"]}
+        assert statuses <= {"not comparable", "missing"} and "not comparable" in statuses
+        assert all("excess" not in t for t in bench["targets"])
+        md = gr.render_benchmarks_markdown(bench)
+        assert md.startswith("**Smoke run, not comparable to targets**")
+        verdicts = [line.rsplit("|", 2)[-2].strip() for line in md.splitlines() if line.startswith("| ")
+                    and any(t["target"] in line for t in bench["targets"])]
+        assert verdicts and all(v in (gr.NOT_COMPARABLE, "not measured") or v.startswith("not measured:")
+                                for v in verdicts), verdicts
+        assert "pass" not in md and "miss" not in md.replace("missing", "")
+    assert "images 256x256, batch 2, layer batch 2" in gr.benchmarks_cuda(
+        [small], layers, amp_dtype="bfloat16")["not_comparable_why"]
+    full = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
+    assert full["comparable"] is True and full["not_comparable_why"] is None
+    # the report of a quick run says so in its title
+    stage = {"status": "ok", "quick": True, "benchmarks": gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16")}
+    md = gr.render_report_markdown(gr.merge_stage_results({"benchmarks": stage}))
+    assert md.startswith("# aadet GPU check: incomplete (smoke run, not comparable to targets)")
+
+
+def test_stage_files_of_another_commit_are_refused_or_marked():
+    head, old = "a" * 40, "b" * 40
+    stages = {"tests": {"status": "ok", "commit": head, "dirty": False},
+              "configs": {"status": "ok", "commit": old, "dirty": True},
+              "demo": {"status": "ok"}}  # a file of before commits were recorded
+    files = {"configs": "/x/stage_configs.json", "demo": "/x/stage_demo.json"}
+    with pytest.raises(gr.StaleStageError) as e:
+        gr.stale_stages(stages, head, files=files)
+    msg = str(e.value)
+    assert f"/x/stage_configs.json: ran at commit {old[:12]}, HEAD is {head[:12]}" in msg
+    assert f"/x/stage_demo.json: ran at commit unknown, HEAD is {head[:12]}" in msg
+    assert "stage_tests" not in msg and "--allow-stale" in msg
+    with pytest.raises(gr.StaleStageError, match="HEAD is unknown"):  # no checkout to compare with
+        gr.stale_stages({"tests": stages["tests"]}, None)
+    assert gr.stale_stages({"tests": stages["tests"]}, head) == {}
+    stale = gr.stale_stages(stages, head, allow_stale=True)
+    assert stale == {"configs": {"commit": old, "dirty": True, "head": head},
+                     "demo": {"commit": None, "dirty": None, "head": head}}
+    report = gr.merge_stage_results(stages, stale=stale)
+    assert report["stale_stages"] == ["configs", "demo"] and report["stages"]["configs"]["stale"]["commit"] == old
+    assert "stale" not in report["stages"]["tests"] and "stale" not in stages["configs"]  # inputs untouched
+    md = gr.render_report_markdown(report)
+    assert "# aadet GPU check: incomplete (stale stages from another commit: configs, demo)" in md
+    assert f"**Stale**: ran at commit {old[:12]}" in md and "uncommitted changes" in md
 
 
 # ----------------------------------------------------------------------------- the tool
@@ -249,6 +344,7 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     assert rc == 1  # the report says failed (the bad config) ...
     stage = json.loads((out / "stage_configs.json").read_text())
     assert stage["status"] == "failed" and stage["iters"] == 2 and stage["env"]["device"] == "cpu"
+    assert stage["commit"] == gpu_check.checkout_commit()["commit"] and stage["dirty"] in (True, False)
     assert [(r["config"], r["precision"], r["status"]) for r in stage["results"]] == [
         ("bad", "fp32", "failed"), ("bad", "bf16", "failed"), ("tiny_R_18", "fp32", "ok"), ("tiny_R_18", "bf16", "ok")]
     assert all("MODEL.SASA.KERNEL_SIZE" in r["error"] for r in stage["results"][:2])
@@ -296,28 +392,158 @@ def test_without_cuda_the_tool_says_so(gpu_check, tmp_path):
 
 def test_report_only_merges_stage_files_of_separate_runs(gpu_check, tmp_path):
     env = dict(ENV, triton="3.6.0")
+    head = gpu_check.checkout_commit()["commit"]
     (tmp_path / "stage_tests.json").write_text(json.dumps(
-        {"status": "ok", "junit": gr.parse_junit(JUNIT.replace('errors="1"', 'errors="0"')), "env": env}))
+        {"status": "ok", "junit": gr.parse_junit(JUNIT.replace('errors="1"', 'errors="0"')), "env": env,
+         "commit": head, "dirty": False}))
     bench = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
-    (tmp_path / "stage_benchmarks.json").write_text(json.dumps({"status": "ok", "benchmarks": bench, "env": env}))
+    (tmp_path / "stage_benchmarks.json").write_text(json.dumps(
+        {"status": "ok", "benchmarks": bench, "env": env, "commit": head, "dirty": True}))
     assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "incomplete"  # configs and demo not run yet
     assert report["stages"]["benchmarks"]["benchmarks"]["device_name"] == ENV["device_name"]
     md = (tmp_path / "report.md").read_text()
     assert "## benchmarks: ok" in md and "## configs: not run" in md and "AA-R50 RetinaNet train time" in md
+    assert f"Commit {head[:12]}, uncommitted changes." in md and report["stale_stages"] == []
 
 
-def test_demo_metrics_are_read_and_an_untrained_model_fails(gpu_check, tmp_path):
-    rows = [{"iteration": 19, "total_loss": 2.5}, {"iteration": 39, "total_loss": 1.25},
-            {"iteration": 39, "bbox/AP": 3.5, "bbox/AP50": 12.0, "bbox/AP75": 1.0}]
-    (tmp_path / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    m = gpu_check._read_metrics(str(tmp_path))
-    assert m == {"AP": 3.5, "AP50": 12.0, "AP75": 1.0, "iters": 40, "first_loss": 2.5, "last_loss": 1.25}
-    rows[-1].update({"bbox/AP": float("nan"), "bbox/AP50": float("nan")})  # no detections at all
-    (tmp_path / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    with pytest.raises(RuntimeError, match="no detections"):
-        gpu_check._read_metrics(str(tmp_path))
-    (tmp_path / "metrics.json").write_text(json.dumps(rows[0]) + "\n")
-    with pytest.raises(RuntimeError, match="no bbox/AP row"):
-        gpu_check._read_metrics(str(tmp_path))
+def test_report_only_refuses_stage_files_of_another_commit(gpu_check, tmp_path, capsys):
+    head = gpu_check.checkout_commit()["commit"]
+    old = "0123456789ab" + "0" * 28
+    (tmp_path / "stage_tests.json").write_text(json.dumps({"status": "ok", "commit": head, "dirty": False}))
+    (tmp_path / "stage_demo.json").write_text(json.dumps({"status": "ok", "commit": old, "dirty": False}))
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--report-only", "--out", str(tmp_path)])
+    msg = str(e.value)
+    assert f"{tmp_path / 'stage_demo.json'}: ran at commit 0123456789ab, HEAD is {head[:12]}" in msg
+    assert "stage_tests.json" not in msg and not (tmp_path / "report.json").exists()
+    assert gpu_check.main(["--report-only", "--allow-stale", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stale_stages"] == ["demo"] and report["stages"]["demo"]["stale"]["head"] == head
+    assert "stale stages from another commit: demo" in (tmp_path / "report.md").read_text()
+    assert "(stale: demo)" in capsys.readouterr().out
+
+
+def test_tests_stage_of_the_tool_fails_on_a_skipped_cuda_test(gpu_check, tmp_path, monkeypatch):
+    # pytest itself is replaced by a fake that writes the junit XML a GPU machine without Triton would
+    ran = []
+
+    def fake_run(cmd, timeout, log_path=None, env=None):
+        ran.append(cmd)
+        junit = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
+        with open(junit, "w") as f:
+            f.write(junit_xml(("test_cuda::test_a", "passed"),
+                              ("test_aa_kernels::test_triton_cuda", "skipped:triton is not installed")))
+        return 0, "1 passed, 1 skipped"
+
+    monkeypatch.setattr(gpu_check, "_run", fake_run)
+    args = gpu_check.build_parser().parse_args(["--work-dir", str(tmp_path)])
+    args.work_dir = str(tmp_path)
+    out = gpu_check.stage_tests(args, gpu_check.Budget(60))
+    assert ran[0][1:5] == ["-m", "pytest", "-m", "cuda"]
+    assert out["status"] == "failed" and out["exit"] == 0
+    assert out["error"] == "1 CUDA-marked test(s) skipped: triton is not installed (1)"
+    assert out["junit"]["skipped_tests"] == [{"test": "tests.test_cuda::test_aa_kernels::test_triton_cuda",
+                                              "reason": "triton is not installed"}]
+
+
+DEMO_SETS = ("trees_val", "trees_test")
+
+
+def _write_metrics(folder, rows):
+    (folder / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_demo_metrics_of_both_test_datasets_are_read_and_an_untrained_model_fails(gpu_check, tmp_path):
+    # Detectron2 names each dataset's metrics when a run evaluates several (DATASETS.TEST of the demo)
+    evals = {"trees_val/bbox/AP": 3.5, "trees_val/bbox/AP50": 12.0, "trees_val/bbox/AP75": 1.0,
+             "trees_test/bbox/AP": 2.0, "trees_test/bbox/AP50": 8.0, "trees_test/bbox/AP75": 0.5}
+    rows = [{"iteration": 19, "total_loss": 2.5}, {"iteration": 39, "total_loss": 1.25}, dict(iteration=39, **evals)]
+    _write_metrics(tmp_path, rows)
+    m = gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    assert m == {"metrics": {"trees_val": {"AP": 3.5, "AP50": 12.0, "AP75": 1.0},
+                             "trees_test": {"AP": 2.0, "AP50": 8.0, "AP75": 0.5}},
+                 "iters": 40, "first_loss": 2.5, "last_loss": 1.25}
+    stage = {"status": "ok", "results": [dict(m, config="trees_R_26_slim_FPN", status="ok", elapsed_s=60)]}
+    md = gr.render_report_markdown(gr.merge_stage_results({"demo": stage}))
+    assert "| Config | Status | Iters | trees_val AP | trees_val AP50 | trees_test AP | trees_test AP50 |" in md
+    assert "| `trees_R_26_slim_FPN` | ok | 40 | 3.50 | 12.00 | 2.00 | 8.00 | 2.500 | 1.250 | 60 |" in md
+    # a run that evaluated one dataset writes plain bbox/ keys
+    _write_metrics(tmp_path, rows[:2] + [{"iteration": 39, "bbox/AP": 3.5, "bbox/AP50": 12.0, "bbox/AP75": 1.0}])
+    assert gpu_check._read_metrics(str(tmp_path), ("trees_val",))["metrics"] == {
+        "trees_val": {"AP": 3.5, "AP50": 12.0, "AP75": 1.0}}
+    _write_metrics(tmp_path, rows[:2] + [dict(rows[2], **{"trees_test/bbox/AP": float("nan")})])  # no detections
+    with pytest.raises(RuntimeError, match="trees_test: AP is not a number.*no detections"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    _write_metrics(tmp_path, rows[:2] + [{k: v for k, v in rows[2].items() if not k.startswith("trees_test")}])
+    with pytest.raises(RuntimeError, match="trees_test: .*no bbox/AP50 row"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    _write_metrics(tmp_path, rows[:1])
+    with pytest.raises(RuntimeError, match="trees_val: .*not evaluated"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+
+
+def test_demo_configs_evaluate_val_and_test(gpu_check):
+    for config in gpu_check.DEMO_CONFIGS:
+        assert gpu_check.demo_test_datasets(config) == DEMO_SETS, config
+
+
+# ----------------------------------------------------------------------------- the cuda marker
+PROBE = """
+import json, os
+
+import torch
+
+# Decided before any test module is imported: skipif conditions are evaluated at import.
+_CUDA = os.environ["AADET_PROBE_CUDA"] == "1"
+torch.cuda.is_available = lambda: _CUDA
+torch.cuda.device_count = lambda: int(_CUDA)
+
+import pytest
+from _pytest.skipping import evaluate_skip_marks
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    out = {}
+    for item in items:
+        skip = evaluate_skip_marks(item)
+        out[item.nodeid] = {"skip": None if skip is None else skip.reason,
+                            "cuda": item.get_closest_marker("cuda") is not None}
+    with open(os.environ["AADET_PROBE_OUT"], "w") as f:
+        json.dump(out, f)
+"""
+
+
+def _collect(tmp_path, cuda: bool) -> dict:
+    """Every test of the suite: ``{nodeid: {"skip": reason or None, "cuda": marked}}`` with
+    ``torch.cuda.is_available()`` answering ``cuda`` in the collecting process."""
+    out = tmp_path / f"collected_{int(cuda)}.json"
+    env = dict(os.environ, AADET_PROBE_CUDA=str(int(cuda)), AADET_PROBE_OUT=str(out),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           "-p", "cuda_probe", "tests"]
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and out.exists(), (
+        f"collecting the suite ({'with' if cuda else 'without'} CUDA) failed; its tests are unchecked:\n"
+        + run.stdout[-3000:] + run.stderr[-2000:])
+    return json.loads(out.read_text())
+
+
+def test_every_test_that_skips_without_cuda_is_marked_cuda(tmp_path):
+    # `make gpu-check` runs `pytest -m cuda`: a CUDA-only test without the marker would never run
+    # there, and the report would not know. Collect the whole suite twice, with torch saying there
+    # is no GPU and that there is one: whatever is skipped only in the first must be marked.
+    (tmp_path / "cuda_probe.py").write_text(textwrap.dedent(PROBE))
+    without, with_cuda = _collect(tmp_path, False), _collect(tmp_path, True)
+    needs_cuda = {t for t, v in without.items() if v["skip"] and not with_cuda.get(t, {"skip": "absent"})["skip"]}
+    needs_cuda |= set(with_cuda) - set(without)  # collected only where CUDA is
+    unmarked = sorted(t for t in needs_cuda if not with_cuda[t]["cuda"])
+    assert not unmarked, f"tests that need CUDA without @pytest.mark.cuda (hidden from pytest -m cuda): {unmarked}"
+    # the check sees the CUDA tests: the whole of test_cuda.py and the kernels' GPU cases
+    assert any(t.startswith("tests/test_cuda.py::") for t in needs_cuda)
+    assert "tests/test_local_attention.py::test_cuda_half_autocast[dtype0]" in needs_cuda
+    assert any(t.startswith("tests/test_aa_kernels.py::test_triton_cuda") for t in needs_cuda)
+

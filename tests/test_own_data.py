@@ -100,12 +100,15 @@ def test_relative_paths_are_from_the_working_directory(tiles, monkeypatch):
     [
         ("[['{n}', '{root}/nope.json', '{root}/images']]", FileNotFoundError, r"REGISTER_COCO\[0\].*nope\.json"),
         ("[['{n}', '{root}/cells_val.json', '{root}/no_images']]", FileNotFoundError, r"REGISTER_COCO\[0\].*no_images"),
-        ("[['{n}', '{root}/cells_val.json']]", ConfigValueError, r"REGISTER_COCO\[0\].*\[name, json_file, image_root\]"),
+        ("[['{n}', '{root}/cells_val.json']]", ConfigValueError,
+         r"REGISTER_COCO\[0\].*\[name, json_file, image_root\]"),
         ("[['{n}', '{root}/cells_val.json', '']]", ConfigValueError, r"REGISTER_COCO\[0\].*non-empty"),
         ("[['{n}', '{root}/cells_val.json', '{root}/images'], ['{n}', '{root}/cells_train.json', '{root}/images']]",
          ConfigValueError, r"REGISTER_COCO\[1\].*listed twice"),
-        ("[['trees_val', '{root}/cells_val.json', '{root}/images']]", ValueError, r"REGISTER_COCO\[0\].*trees_val.*already registered"),
-        ("['{n}', '{root}/cells_val.json', '{root}/images']", ConfigValueError, r"REGISTER_COCO\[0\] = '.*'.*three non-empty strings"),
+        ("[['trees_val', '{root}/cells_val.json', '{root}/images']]", ValueError,
+         r"REGISTER_COCO\[0\].*trees_val.*already registered"),
+        ("['{n}', '{root}/cells_val.json', '{root}/images']", ConfigValueError,
+         r"REGISTER_COCO\[0\] = '.*'.*three non-empty strings"),
     ],
 )
 def test_bad_entries_name_the_entry(tiles, entry, error, needle):

@@ -16,9 +16,10 @@ from torch import nn
 import aadet  # noqa: F401  (meta-architecture, conv baseline builders)
 from aadet.config import ConfigValueError, add_aadet_config
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.local_attention import LocalSelfAttention2d
+from aadet.layers.local_attention import LocalSelfAttention2d, attention_option_defaults
 from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
 from aadet.modeling.attention_head import AttentionRetinaNetHead
+from aadet.modeling.attention_layers import sasa_layer_kwargs
 from aadet.modeling.backbone.fpn import build_retinanet_fpn
 from aadet.modeling.backbone.sasa_resnet import SASABottleneckBlock, build_sasa_resnet_backbone
 
@@ -211,6 +212,32 @@ def test_fpn_registry_converter():
     assert isinstance(fpn.top_block.p6, nn.Conv2d)  # P6/P7 stay conv (Table 2 fidelity)
 
 
+@pytest.mark.parametrize("top_block", [False, True])
+def test_attention_top_block_key(top_block):
+    """MODEL.FPN.ATTENTION_TOP_BLOCK makes P6/P7's stride-2 convs local attention as well: no 3x3
+    conv is left in the FPN, and the levels, strides and shapes are the conv FPN's."""
+    cfg = small_cfg()
+    cfg.MODEL.FPN.SPATIAL_LAYER = "attention"
+    cfg.MODEL.FPN.ATTENTION_TOP_BLOCK = top_block
+    torch.manual_seed(0)
+    fpn = build_backbone(cfg).eval()
+    p6, p7 = fpn.top_block.p6, fpn.top_block.p7
+    kind = LocalSelfAttention2d if top_block else nn.Conv2d
+    assert isinstance(p6, kind) and isinstance(p7, kind)
+    assert [type(m) for m in _conv3(fpn)] == ([] if top_block else [nn.Conv2d, nn.Conv2d])
+    if top_block:
+        assert (p6.stride, p7.stride, p6.kernel_size, p6.num_heads) == (2, 2, 5, 4)
+    strides = {"p3": 8, "p4": 16, "p5": 32, "p6": 64, "p7": 128}
+    shapes = fpn.output_shape()
+    assert {k: (v.channels, v.stride) for k, v in shapes.items()} == {k: (C, s) for k, s in strides.items()}
+    with torch.no_grad():
+        out = fpn(torch.randn(2, 3, 128, 96))
+    assert list(out) == list(strides)
+    for name, s in strides.items():
+        assert tuple(out[name].shape) == (2, C, -(-128 // s), -(-96 // s)), name
+        assert torch.isfinite(out[name]).all()
+
+
 # ----------------------------------------------------------------------------- head
 def test_attention_head_replaces_towers_only():
     torch.manual_seed(0)
@@ -333,33 +360,29 @@ def test_training_step_fully_attentional_retinanet(stem):
     assert out[0]["instances"].image_size == (128, 96)
 
 
-# ----------------------------------------------------------------------------- relative init scale
-def test_relative_init_scale_reaches_every_local_attention_layer():
-    """MODEL.SASA.RELATIVE_INIT_SCALE multiplies the relative tables' initial std in the backbone,
-    the attentional FPN and head (same seed: exactly scale x the default tables); the stem keeps its own."""
-
-    def build(scale):
-        cfg = small_cfg(RELATIVE_INIT_SCALE=scale)
-        cfg.MODEL.FPN.SPATIAL_LAYER = "attention"
-        cfg.MODEL.RETINANET.HEAD_NAME = "AttentionRetinaNetHead"
-        torch.manual_seed(0)
-        return build_model(cfg)
-
-    default, scaled = build(1.0), build(3.0)
-    layers = [n for n, m in default.named_modules() if isinstance(m, LocalSelfAttention2d)]
-    assert any(".fpn_output" in n for n in layers) and any("head." in n for n in layers)
-    assert any("res2" in n for n in layers)
-    d, s = dict(default.named_modules()), dict(scaled.named_modules())
-    for n in layers:
-        torch.testing.assert_close(s[n].rel_h, 3.0 * d[n].rel_h, msg=n)
-        torch.testing.assert_close(s[n].rel_w, 3.0 * d[n].rel_w, msg=n)
-    dkh = d[layers[0]].head_channels
-    assert d[layers[0]].rel_h.std().item() == pytest.approx(dkh ** -0.5, rel=0.6)
+# ----------------------------------------------------------------------------- layer options
+def test_config_defaults_are_the_layer_defaults():
+    """The MODEL.SASA layer keys default to LocalSelfAttention2d's own defaults (the papers'
+    values), the one place they are declared: the blocks, FPN and head pass them through."""
+    cfg = get_cfg()
+    add_aadet_config(cfg)
+    kwargs = sasa_layer_kwargs(cfg)
+    defaults = attention_option_defaults()
+    assert {"kernel_size", "num_heads", "positional_encoding", "block_size", "impl"} <= set(kwargs)
+    assert kwargs == {name: defaults[name] for name in kwargs}
+    assert (defaults["kernel_size"], defaults["num_heads"]) == (7, 8)  # SASA Sec. 4
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0])
-def test_relative_init_scale_must_be_positive(scale):
-    with pytest.raises(ConfigValueError, match=r"MODEL\.SASA\.RELATIVE_INIT_SCALE must be a number > 0"):
-        build_model(small_cfg(RELATIVE_INIT_SCALE=scale))
-    with pytest.raises(ValueError, match="relative_init_scale must be > 0"):
-        LocalSelfAttention2d(16, 16, relative_init_scale=scale)
+def test_layer_options_pass_through_unchanged():
+    """Options not given fall back to the layer's defaults at every level; given ones arrive."""
+    block = SASABottleneckBlock(16, 32, bottleneck_channels=16, stride=2, num_heads=2, impl="fused")
+    assert (block.conv2.num_heads, block.conv2.impl, block.conv2.stride) == (2, "fused", 2)
+    assert block.conv2.kernel_size == attention_option_defaults()["kernel_size"]
+    with pytest.raises(TypeError, match="kernel"):
+        SASABottleneckBlock(16, 32, bottleneck_channels=16, kernel=3)
+    shapes = [ShapeSpec(channels=16, stride=8)]
+    head = AttentionRetinaNetHead(input_shape=shapes, num_classes=2, num_anchors=3, conv_dims=[16],
+                                  num_heads=4, block_size=4)
+    attn = head.cls_subnet[0]
+    assert (attn.num_heads, attn.block_size) == (4, 4)
+    assert attn.kernel_size == attention_option_defaults()["kernel_size"]

@@ -51,7 +51,7 @@ def test_short_training_learns(name, trees_root, tmp_path):
 
 @pytest.mark.learning
 @pytest.mark.parametrize(
-    "name,mutation", [(n, mu) for n in sorted(RUNS) for mu in RUNS[n].catches] or [None],
+    "name,mutation", [(n, mu) for n in sorted(RUNS) for mu in RUNS[n].catches] or [(None, None)],
 )
 def test_short_training_with_broken_attention_stays_below(name, mutation, trees_root, tmp_path):
     if name is None:

@@ -16,15 +16,17 @@ import sys
 import pytest
 import torch
 
-from aadet.layers.functional import local_triton
-from aadet.layers.functional.local_attention import local_self_attention_2d
-from aadet.layers.functional.local_triton import (
+from aadet.layers.functional.backends import sasa_triton
+from aadet.layers.functional.backends.sasa_triton import (
     TRITON_AVAILABLE,
     TRITON_INTERPRETED,
     triton_local_attention,
 )
+from aadet.layers.functional.local_attention import local_self_attention_2d
+from aadet.layers.local_attention import LocalSelfAttention2d
 
 from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
+import triton_aot  # tests/triton_aot.py
 
 pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="needs the triton package")
 
@@ -237,8 +239,8 @@ def test_errors():
 def test_module_imports_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     monkeypatch.setitem(sys.modules, "triton.language", None)
-    name = "aadet.layers.functional._local_triton_without_triton"
-    spec = importlib.util.spec_from_file_location(name, local_triton.__file__)
+    name = "aadet.layers.functional.backends._sasa_triton_without_triton"
+    spec = importlib.util.spec_from_file_location(name, sasa_triton.__file__)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.TRITON_AVAILABLE is False and mod.TRITON_INTERPRETED is False
@@ -269,36 +271,102 @@ def test_cuda_matches_neighborhood_route(h, w, ks, dk):
 
 
 # ----------------------------------------------------------------------------- compiled path, no GPU
-def _nvidia_backend():
+# The interpreter runs the kernels' Python; it does not type-check them like the compiler
+# (loop-carried types, constexpr branches, casts). tests/triton_aot.py runs the launch code on CPU
+# with the kernels recorded and compiles each launch down to a cubin for sm_90 (Triton's bundled
+# LLVM and ptxas need no GPU).
+compiles_for_h100 = pytest.mark.skipif(
+    TRITON_INTERPRETED or not triton_aot.nvidia_backend_available(), reason="needs Triton's CUDA backend")
+SASA_KERNELS = ("_fwd_kernel", "_bwd_query_kernel", "_bwd_key_kernel")
+#: fp32: a float32 model; bf16: bf16 autocast (bf16 maps, float32 relative embeddings).
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def config_sasa_layers():
+    """``{(num_heads, head_channels, kernel_size, relative): [configs]}`` of every config."""
+    return triton_aot.config_attention_layers()["sasa"]
+
+
+def _layer_launches(spec, precision, frozen=(), size=(5, 7)):
+    """The kernel launches of a ``LocalSelfAttention2d`` of ``spec`` on the ``impl="triton"``
+    route, forward and backward (the parts in ``frozen`` need no gradient: ``"q"``, ``"k"``,
+    ``"v"``, ``"rel"``), on CPU with the kernels recorded."""
+    heads, d, ks, rel = spec
+    layer = LocalSelfAttention2d(heads * d, heads * d, ks, heads, positional_encoding="relative" if rel else "none",
+                                 impl="triton")
+    for part, module in (("q", layer.query), ("k", layer.key), ("v", layer.value)):
+        module.requires_grad_(part not in frozen)
+    for p in (layer.rel_h, layer.rel_w):
+        if p is not None:
+            p.requires_grad_("rel" not in frozen)
+    x = torch.randn(1, heads * d, *size)
+
+    def run():
+        with torch.autocast("cpu", dtype=PRECISIONS[precision] or torch.bfloat16,
+                            enabled=PRECISIONS[precision] is not None):
+            out = layer(x)
+        if out.requires_grad:
+            out.float().sum().backward()
+
+    # the launch as triton_local_attention makes it, without its "CUDA tensors" check
+    def launch(q, k, v, rel_h, rel_w, kernel_size, *, block_pixels=None):
+        return sasa_triton._TritonLocalAttention.apply(q, k, v, rel_h, rel_w, kernel_size, block_pixels)
+
+    saved = sasa_triton.launch_triton_local_attention
+    sasa_triton.launch_triton_local_attention = launch
     try:
-        from triton.backends import backends
-    except ImportError:
-        return False
-    return "nvidia" in backends
+        return triton_aot.run_recorded(sasa_triton, SASA_KERNELS, run)
+    finally:
+        sasa_triton.launch_triton_local_attention = saved
 
 
-@pytest.mark.skipif(TRITON_INTERPRETED or not _nvidia_backend(), reason="needs Triton's CUDA backend")
-def test_kernels_compile_for_an_h100_without_a_gpu():
-    # The interpreter runs the kernels' Python; it does not type-check them like the compiler
-    # (loop-carried types, constexpr branches, casts). Compile all three down to a cubin for
-    # sm_90 (Triton's bundled LLVM and ptxas need no GPU), bf16 maps, float32 relative tables.
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def _assert_compile(launches):
+    n, failures = triton_aot.compile_launches(launches)
+    assert not failures, f"{len(failures)} of {n} kernel variants do not compile for sm_90:\n" + "\n".join(failures)
+    return n
 
-    fp32_args = {"RH", "RW", "O", "LSE", "DELTA", "DRH", "DRW"}
-    for fn, flags in ((local_triton._fwd_kernel, {}),
-                      (local_triton._bwd_query_kernel, dict(NEED_DQ=True, NEED_DREL=True)),
-                      (local_triton._bwd_key_kernel, dict(NEED_DK=True, NEED_DV=True))):
-        meta = dict(HAS_REL=True, BLOCK_P=32, DK_PAD=16, DV_PAD=16, **flags)
-        sig = {}
-        for name in fn.arg_names:
-            if name in meta:
-                sig[name] = "constexpr"
-            elif name.isupper() and name not in ("NUM_PIX", "NH", "H", "W", "DK", "DV", "DH", "KS"):
-                sig[name] = "*fp32" if name in fp32_args else "*bf16"
-            else:
-                sig[name] = "i32"
-        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=meta),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        assert len(compiled.asm["cubin"]) > 1000, fn.__name__
+
+@compiles_for_h100
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_kernels_compile_for_an_h100_without_a_gpu(config_sasa_layers, precision):
+    # Every SASA layer of the COCO and demo configs, trained in fp32 and under bf16 autocast:
+    # forward and both backward passes with every gradient, as the launch code makes them.
+    assert {c.split("/")[1] for cs in config_sasa_layers.values() for c in cs} == {"COCO-Detection", "Demo"}
+    launches = [launch for spec in config_sasa_layers for launch in _layer_launches(spec, precision)]
+    seen = {(launch.kernel.__name__, launch.kwargs["DK_PAD"], launch.kwargs["BLOCK_P"]) for launch in launches}
+    tile = sasa_triton._ELEMENTS_PER_THREAD * 32 * sasa_triton._NUM_WARPS  # [BLOCK_P, d_pad] elements
+    for heads, d, ks, rel in config_sasa_layers:
+        pad = 1 << (d - 1).bit_length()
+        assert {(k, pad, tile // pad) for k in SASA_KERNELS} <= seen, (d, sorted(seen))
+    maps = "*bf16" if precision == "bf16" else "*fp32"
+    for launch in launches:
+        sig = triton_aot.specialization(launch)[0]
+        assert sig["Q"] == sig["K"] == sig["V"] == maps and sig.get("RH", "*fp32") == "*fp32", sig
+    assert _assert_compile(launches) >= 3 * len({d for _, d, _, _ in config_sasa_layers})
+
+
+@pytest.mark.slow  # some 85 more variants each: 1-3 minutes on 2 cores without Triton's cache
+@compiles_for_h100
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_every_variant_the_launch_code_makes_compiles_for_an_h100(config_sasa_layers, precision):
+    # Beyond the configs' training launches: without the relative term (positional encodings
+    # "none", "sine2d"), every subset of inputs needing a gradient (frozen projections or
+    # embeddings: the NEED_* flags of both backward passes), and a 1-pixel map (Triton folds an
+    # integer argument equal to 1 into a constant: H = W = 1).
+    parts = ("q", "k", "v", "rel")
+    frozen_sets = [tuple(p for i, p in enumerate(parts) if bits >> i & 1) for bits in range(16)]
+    launches = []
+    for heads, d, ks, rel in config_sasa_layers:
+        launches += _layer_launches((heads, d, ks, rel), precision, size=(1, 1))
+        for with_rel in (True, False):
+            for frozen in frozen_sets:
+                launches += _layer_launches((heads, d, ks, with_rel), precision, frozen)
+    flags = {(launch.kernel.__name__, *(launch.kwargs.get(f) for f in ("NEED_DQ", "NEED_DREL", "NEED_DK", "NEED_DV")))
+             for launch in launches}
+    assert {f for f in flags if f[0] == "_bwd_query_kernel"} == {
+        ("_bwd_query_kernel", dq, drel, None, None) for dq in (True, False) for drel in (True, False)}
+    assert {f for f in flags if f[0] == "_bwd_key_kernel"} == {
+        ("_bwd_key_kernel", None, None, dk, dv) for dk, dv in ((True, True), (True, False), (False, True))}
+    assert {launch.kwargs["HAS_REL"] for launch in launches} == {True, False}
+    _assert_compile(launches)

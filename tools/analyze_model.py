@@ -26,17 +26,31 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
 
+import torch  # noqa: E402
+from detectron2.modeling import build_model  # noqa: E402
+
+import aadet  # noqa: E402,F401  (registers the models)
 from aadet.analysis.model_table import (  # noqa: E402
-    analyze_config,
+    analyze_model,
     list_configs,
+    MARKDOWN_COMMAND,
     load_demo_results,
     render_markdown,
     row_cells,
 )
+from aadet.engine import load_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DEMO_RESULTS = os.path.join("docs", "demo_results.json")
-MARKDOWN_COMMAND = "python tools/analyze_model.py --all --markdown > docs/model_table.md"
+
+
+def analyze_config(config_file, size=None, *, flops=True, opts=(), demo_results=None):
+    """The model table's row of ``config_file`` (:func:`aadet.analysis.model_table.analyze_model`):
+    its model built on CPU in eval mode with seed 0, ``opts`` overriding the config."""
+    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    return analyze_model(config_file, cfg, model, size, flops=flops, demo_results=demo_results)
 
 
 def build_parser():
@@ -113,7 +127,7 @@ def _text_report(row) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.getLogger("fvcore").setLevel(logging.ERROR)
-    logging.getLogger("detectron2").setLevel(logging.ERROR)  # "Loading config ... unsafe_load"
+    logging.getLogger("detectron2").setLevel(logging.ERROR)
     size = None
     if args.size is not None:
         if len(args.size) not in (1, 2) or min(args.size) < 32:

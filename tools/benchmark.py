@@ -68,9 +68,7 @@ from aadet.analysis.timing import (  # noqa: E402
     run_case_in_subprocess,
     worker_main,
 )
-
-BOXES_PER_IMAGE = 8
-NUM_CLASS_IDS = 1000  # class ids are drawn in [0, 1000) and taken modulo each model's NUM_CLASSES
+from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 
 
 def build_parser():
@@ -134,38 +132,6 @@ def build_parser():
     return p
 
 
-# ----------------------------------------------------------------------------- synthetic batch
-def make_batch(batch: int, height: int, width: int, seed: int):
-    """``batch`` random BGR images ``[3, H, W]`` (float, 0-255) with ``BOXES_PER_IMAGE`` random
-    boxes each (16 px to half the image side) and class ids in ``[0, NUM_CLASS_IDS)``."""
-    g = torch.Generator().manual_seed(seed)
-    images, boxes, classes = [], [], []
-    for _ in range(batch):
-        images.append(torch.randint(0, 256, (3, height, width), generator=g).float())
-        hi = max(17, min(height, width) // 2)
-        wh = torch.randint(16, hi, (BOXES_PER_IMAGE, 2), generator=g).float()
-        x0 = torch.rand(BOXES_PER_IMAGE, generator=g) * (width - wh[:, 0])
-        y0 = torch.rand(BOXES_PER_IMAGE, generator=g) * (height - wh[:, 1])
-        boxes.append(torch.stack([x0, y0, x0 + wh[:, 0], y0 + wh[:, 1]], dim=1))
-        classes.append(torch.randint(0, NUM_CLASS_IDS, (BOXES_PER_IMAGE,), generator=g))
-    return {"images": images, "boxes": boxes, "classes": classes, "height": height, "width": width}
-
-
-def _detectron2_inputs(data, num_classes: int, with_instances: bool):
-    from detectron2.structures import Boxes, Instances
-
-    out = []
-    for img, b, c in zip(data["images"], data["boxes"], data["classes"]):
-        d = {"image": img, "height": data["height"], "width": data["width"]}
-        if with_instances:
-            inst = Instances((data["height"], data["width"]))
-            inst.gt_boxes = Boxes(b.clone())
-            inst.gt_classes = c % num_classes
-            d["instances"] = inst
-        out.append(d)
-    return out
-
-
 # ----------------------------------------------------------------------------- one case
 def run_case(spec: dict) -> dict:
     """Build one config's model and measure it (runs inside the worker process)."""
@@ -196,7 +162,7 @@ def run_case(spec: dict) -> dict:
     }
 
     if not spec["no_inference"]:
-        inputs = _detectron2_inputs(data, num_classes, with_instances=False)
+        inputs = detectron2_inputs(data, num_classes, with_instances=False)
         model.eval()
 
         def infer():
@@ -207,7 +173,7 @@ def run_case(spec: dict) -> dict:
         result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs))
 
     if not spec["no_train"]:
-        inputs = _detectron2_inputs(data, num_classes, with_instances=True)
+        inputs = detectron2_inputs(data, num_classes, with_instances=True)
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
         scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, amp_dtype, amp))

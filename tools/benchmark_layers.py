@@ -21,8 +21,8 @@ float16 on CUDA, bfloat16 on CPU):
   - ``layer``: one :class:`aadet.layers.AugmentedConv2d` (3x3, stride 1, attention at full
     resolution) with our core against the same layer running the naive core.
 
-  (In AA-R50 itself res3's attention runs at half resolution, 40x40; the 80x80 case is the
-  brief's stress test.) Naive cases whose estimated memory exceeds ``--max-naive-gib`` are
+  (In AA-R50 itself res3's attention runs at half resolution, 40x40; the 80x80 case is a
+  stress test.) Naive cases whose estimated memory exceeds ``--max-naive-gib`` are
   skipped and say so.
 
 * **SASA** (``--suite sasa``): :class:`aadet.layers.LocalSelfAttention2d` (256 channels, k = 7,
@@ -166,9 +166,9 @@ def _make_work(case, batch, device, dtype):
     if case["suite"] == "aa" and case["kind"] == "core":
         dk, dv = aa_depths(c)
         dkh, dvh = dk // NUM_HEADS, dv // NUM_HEADS
-        leaf = lambda *shape: torch.randn(
+        leaf = lambda *shape: torch.randn(  # noqa: E731
             *shape, device=device, dtype=dtype, requires_grad=True
-        )  # noqa: E731
+        )
         q = leaf(batch, NUM_HEADS, s, s, dkh)
         k, v = leaf(batch, NUM_HEADS, s, s, dkh), leaf(batch, NUM_HEADS, s, s, dvh)
         rh, rw = leaf(2 * s - 1, dkh), leaf(2 * s - 1, dkh)
@@ -177,9 +177,9 @@ def _make_work(case, batch, device, dtype):
             fn = lambda: naive_relative_attention_2d(q, k, v, rh, rw)  # noqa: E731
         else:
             chunk = 1024 if case["impl"] == "materialized" else 0
-            fn = lambda: relative_self_attention_2d(
+            fn = lambda: relative_self_attention_2d(  # noqa: E731
                 q, k, v, rh, rw, impl=case["impl"], query_chunk=chunk
-            )  # noqa: E731
+            )
         params = []
     else:
         x = torch.randn(batch, c, s, s, device=device, dtype=dtype, requires_grad=True)

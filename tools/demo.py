@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 import aadet  # noqa: F401
 from aadet.engine import Predictor, load_config
+from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb
 from aadet.utils.visualizer import draw_instances
-from visualize_detections import IMAGE_EXTS, read_image
 
 logger = logging.getLogger("aadet.demo")
 
@@ -174,10 +174,6 @@ def detect(predictor, image, threshold):
     """Detections with score >= ``threshold``, on the CPU."""
     instances = predictor(image)["instances"].to("cpu")
     return instances[instances.scores >= threshold]
-
-
-def to_rgb(image, fmt):
-    return image[:, :, ::-1] if fmt == "BGR" else image
 
 
 # ----------------------------------------------------------------------------- runs

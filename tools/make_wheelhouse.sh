@@ -25,7 +25,7 @@
 # x86_64 family pip matches exactly (manylinux_2_28/2_27/2_17, manylinux2014, manylinux1). If pip
 # finds no matching distribution for some package, add --platform manylinux_2_N_x86_64 for other N.
 # --exclude-installed FILE: drop the wheels of packages the target already has (FILE: one name a
-# line, `pip list --format=freeze` of the target works; e.g. the lent GPU image's numpy, matplotlib,
+# line, `pip list --format=freeze` of the target works; e.g. a GPU image's own numpy, matplotlib,
 # opencv, tensorboard...), so DIR stays small enough to carry; the target must then reuse them
 # (AADET_SYSTEM_SITE=1). torch and torchvision are never downloaded without --with-torch.
 # --dry-run resolves everything (pip install --dry-run --report, metadata only) and lists the

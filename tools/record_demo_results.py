@@ -10,9 +10,9 @@ Each run directory's ``run_summary.json`` (written by every training run) is cop
 ``docs/runs/<into>/<run directory name>.json`` (``--into``: ``demo``, the default, or ``learning``
 for the learning tests' measurements, ``tests/learning_runs.py``). Then, from the summaries
 (:mod:`aadet.analysis.demo_results`): ``docs/demo_results.json`` and the generated tables of
-``docs/demo_results.md`` and ``README.md`` (from ``docs/runs/demo``), and the learning table of
-``docs/testing.md`` (from ``docs/runs/learning``). Run ``make docs`` afterwards for the model
-table's demo column.
+``docs/demo_results.md`` and ``README.md`` and the demo column of the model table
+(``docs/model_table.md`` and its copy in the README), from ``docs/runs/demo``; the learning table of
+``docs/testing.md``, from ``docs/runs/learning``.
 """
 import argparse
 import difflib
@@ -29,6 +29,7 @@ from aadet.analysis.demo_results import (
     render_variant_table,
     replace_block,
 )
+from aadet.analysis.model_table import MARKDOWN_COMMAND, update_demo_column
 from aadet.utils.run_summary import SUMMARY_FILE, load_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,9 +44,9 @@ DEMOS = (
 #: Recipe choices made on val, re-judged on test: (committed entry, alternative entry).
 CHOICES = (
     (BASELINE, f"{BASELINE} INPUT.SCALE_JITTER.FLIP_PROB=0.5"),
-    (BASELINE, f"{BASELINE} INPUT.SCALE_JITTER.FLIP_PROB=0.0"),
     (BASELINE, f"{BASELINE} INPUT.MIN_SIZE_TEST=400 INPUT.MAX_SIZE_TEST=400"),
     (BASELINE, f"{BASELINE} TEST.BBOX_VOTE.ENABLED=False"),
+    (BASELINE, f"{BASELINE} TEST.BBOX_VOTE.VOTE_TH=0.6"),
 )
 
 
@@ -67,13 +68,20 @@ def generated_files(runs_dir: str, repo: str):
                 f.read(), "learning", render_learning_table(learning, MUTATIONS)
             )
     headline = render_results_table(results, DEMOS)
-    for rel in ("docs/demo_results.md", "README.md"):
+    for rel in ("docs/demo_results.md", "README.md", "docs/model_table.md"):
         path = os.path.join(repo, rel)
+        if not os.path.isfile(path):
+            continue
         with open(path) as f:
             text = f.read()
-        text = replace_block(text, "headline", headline)
-        if rel.startswith("docs"):
+        if rel == "docs/demo_results.md":
+            text = replace_block(text, "headline", headline)
             text = replace_block(text, "choices", render_variant_table(results, CHOICES))
+        else:
+            if rel == "README.md":
+                text = replace_block(text, "headline", headline)
+            if MARKDOWN_COMMAND in text:  # holds the model table
+                text = update_demo_column(text, results, MARKDOWN_COMMAND)
         out[path] = text
     return out
 

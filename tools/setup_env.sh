@@ -17,7 +17,7 @@
 #     evaluation falls back to pycocotools. Set AADET_DETECTRON2=skip to fail instead of using it.
 #  3. aadet itself, editable, with its test dependencies.
 #
-# Machines without a package index (clusters, the lent GPU machines):
+# Machines without a package index (cluster nodes, air-gapped GPU machines):
 #  * AADET_WHEELHOUSE=DIR (or --wheelhouse DIR): every pip install runs with
 #    `--no-index --find-links DIR`, and the Detectron2 wheel is taken from DIR. Make DIR on a
 #    machine with the index: `bash tools/make_wheelhouse.sh DIR --python-version 3.12` (see there).

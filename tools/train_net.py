@@ -5,10 +5,12 @@
   python tools/train_net.py --config-file configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml \
       --num-gpus 8
   python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS output/model_final.pth
+
+Several machines, torchrun, SLURM, --dist-timeout: docs/multi_machine.md (aadet/engine/launch.py).
 """
 import logging
 
-from detectron2.engine import default_argument_parser, default_setup, launch  # noqa: E402
+from detectron2.engine import default_argument_parser, default_setup  # noqa: E402
 from detectron2.evaluation import verify_results  # noqa: E402
 from detectron2.utils import comm  # noqa: E402
 from detectron2.utils.logger import setup_logger  # noqa: E402
@@ -17,6 +19,7 @@ import aadet  # noqa: E402,F401  (registers models and datasets)
 from aadet.data import register_trees  # noqa: E402
 from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config  # noqa: E402
 from aadet.engine.hooks import write_run_summary  # noqa: E402
+from aadet.engine.launch import add_launch_arguments, launch  # noqa: E402
 
 
 def setup(args):
@@ -55,7 +58,7 @@ def main(args):
 
 
 def build_parser():
-    parser = default_argument_parser()
+    parser = add_launch_arguments(default_argument_parser())
     parser.add_argument(
         "--allow-mismatched-weights",
         action="store_true",
@@ -75,4 +78,6 @@ if __name__ == "__main__":
         machine_rank=args.machine_rank,
         dist_url=args.dist_url,
         args=(args,),
+        timeout_s=args.dist_timeout,
+        launcher=args.launcher,
     )

@@ -16,8 +16,7 @@ import torch  # noqa: E402
 import aadet  # noqa: E402,F401
 from aadet.engine import Predictor, load_config  # noqa: E402
 from aadet.layers import AugmentedConv2d  # noqa: E402
-
-from visualize_detections import read_image, to_rgb  # noqa: E402
+from aadet.utils.images import read_image, to_rgb  # noqa: E402
 
 
 def aa_layers(model):

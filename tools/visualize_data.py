@@ -51,7 +51,9 @@ def main(argv=None):
             if cfg.INPUT.FORMAT == "BGR":
                 img = img[:, :, ::-1]
             inst = out["instances"]
-            labels = [metadata.thing_classes[c] for c in inst.gt_classes.tolist()] if hasattr(metadata, "thing_classes") else None
+            labels = None
+            if hasattr(metadata, "thing_classes"):
+                labels = [metadata.thing_classes[c] for c in inst.gt_classes.tolist()]
             vis = Visualizer(img, metadata).overlay_instances(boxes=inst.gt_boxes, labels=labels)
         path = os.path.join(args.output, f"{base}_{args.source}.png")
         Image.fromarray(vis.get_image()).save(path)

@@ -14,28 +14,13 @@ import os
 
 import numpy as np  # noqa: E402
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from detectron2.data import detection_utils as utils  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import aadet  # noqa: E402,F401
 from aadet.data import register_trees  # noqa: E402
 from aadet.engine import Predictor, load_config  # noqa: E402
+from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb  # noqa: E402
 from aadet.utils.visualizer import MAX_LABELS, MIN_SIDE, draw_instances, enlarge_factor, side_by_side  # noqa: E402
-
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-
-
-def read_image(path, fmt):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"image not found: {path}")
-    try:
-        return utils.read_image(path, format=fmt)  # grayscale / RGBA are converted
-    except Exception as e:
-        raise RuntimeError(f"cannot read image {path}: {e}") from e
-
-
-def to_rgb(image, fmt):
-    return image[:, :, ::-1] if fmt == "BGR" else image
 
 
 def list_inputs(args):

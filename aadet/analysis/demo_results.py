@@ -200,8 +200,9 @@ def render_variant_table(results: Mapping[str, Mapping], pairs: Sequence[Tuple[s
     ]
     for chosen, alt in pairs:
         a, b = results.get(chosen), results.get(alt)
+        alt_label = alt[len(chosen):].strip() if alt.startswith(chosen) else alt
         if a is None or b is None:
-            lines.append(f"| `{chosen}` | `{alt}` | 0 | not run | | |")
+            lines.append(f"| `{chosen}` | `{alt_label}` | 0 | not run | | |")
             continue
         cells = []
         deltas = {}
@@ -215,7 +216,6 @@ def render_variant_table(results: Mapping[str, Mapping], pairs: Sequence[Tuple[s
         holds = "–"
         if TEST in deltas:
             holds = "yes" if deltas[TEST] >= 0 else "no"
-        alt_label = alt[len(chosen):].strip() if alt.startswith(chosen) else alt
         seeds = min(len(a["seeds"]), len(b["seeds"]))
         lines.append(f"| `{chosen}` | `{alt_label}` | {seeds} | {cells[0]} | {cells[1]} | {holds} |")
     return "\n".join(lines) + "\n"

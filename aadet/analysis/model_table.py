@@ -7,6 +7,9 @@ papers' FLOPs, 2 per multiply-add, and the attention share; convention in
 AP50 measured on the demo data's test and val splits where runs are recorded
 (``docs/demo_results.json``, see :func:`load_demo_results`).
 
+:func:`analyze_model` takes a model already built from its config (``tools/analyze_model.py``
+loads and builds it with ``aadet.engine``; this package does not import the engine).
+
 The rendered table sits between :data:`TABLE_BEGIN` and :data:`TABLE_END` so that a README can
 include it and a test can compare it with a fresh run of the tool (:func:`parse_markdown`).
 """
@@ -17,27 +20,30 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import torch
-
 from .demo_results import TEST, VAL
 from .flops import detector_flops, flop_breakdown
 from .paper import PaperNumbers, paper_numbers
 from .params import parameter_breakdown
 
 __all__ = [
+    "MARKDOWN_COMMAND",
     "TABLE_BEGIN",
     "TABLE_END",
     "COLUMNS",
     "FLOP_COLUMNS",
     "ModelRow",
     "list_configs",
-    "analyze_config",
+    "analyze_model",
     "row_cells",
     "render_markdown",
     "parse_markdown",
     "load_demo_results",
+    "demo_cell",
+    "update_demo_column",
 ]
 
+#: The command that writes the table (``tools/analyze_model.py``), named in the table itself.
+MARKDOWN_COMMAND = "python tools/analyze_model.py --all --markdown > docs/model_table.md"
 TABLE_BEGIN = "<!-- model-table:begin -->"
 TABLE_END = "<!-- model-table:end -->"
 
@@ -55,6 +61,8 @@ COLUMNS = (
     "Paper COCO mAP",
     "Demo AP50: test (val)",
 )
+#: The column filled from ``docs/demo_results.json``.
+DEMO_COLUMN = COLUMNS[-1]
 #: Columns that need a FLOP count (empty, or without the padded size, when a row was analyzed
 #: with ``flops=False``).
 FLOP_COLUMNS = frozenset({"Input", "GFLOPs", "Attention GFLOPs", "Δ GFLOPs"})
@@ -96,32 +104,22 @@ def _config_key(config_file: str) -> str:
     return os.path.splitext(rel)[0]
 
 
-def build_model_from_config(config_file: str, opts: Sequence[str] = ()):
-    """``(cfg, model)``: a validated aadet config and its model on CPU, eval mode, seed 0."""
-    from detectron2.modeling import build_model
-
-    import aadet  # noqa: F401  (registers the models)
-    from aadet.engine.defaults import load_config
-
-    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
-    torch.manual_seed(0)
-    return cfg, build_model(cfg).eval()
-
-
-def analyze_config(
+def analyze_model(
     config_file: str,
+    cfg,
+    model,
     size: Optional[Tuple[int, int]] = None,
     *,
     flops: bool = True,
-    opts: Sequence[str] = (),
     demo_results: Optional[Dict[str, Dict[str, float]]] = None,
 ) -> ModelRow:
-    """Build the model of ``config_file`` and count its parameters (and FLOPs at ``size``).
+    """Count the parameters of ``model`` (and its FLOPs at ``size``): the row of ``config_file``.
 
-    ``size=None``: the config's test size, ``INPUT.MAX_SIZE_TEST`` square (640 for the COCO
-    configs: the papers' size; 448 for the demo).
+    ``cfg`` is the config loaded from ``config_file`` and ``model`` the detector built from it (in
+    eval mode); ``config_file`` names the row and finds the papers' numbers. ``size=None``: the
+    config's test size, ``INPUT.MAX_SIZE_TEST`` square (640 for the COCO configs: the papers' size;
+    448 for the demo).
     """
-    cfg, model = build_model_from_config(config_file, opts)
     if size is None:
         size = (cfg.INPUT.MAX_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
     params = parameter_breakdown(model)
@@ -178,14 +176,8 @@ def row_cells(row: ModelRow) -> Dict[str, str]:
         "Δ params (M)": _delta(p["total"] / 1e6, paper.params_m if paper else None, 2),
         "Paper GFLOPs": _NA if paper is None or paper.gflops is None else f"{paper.gflops:g}",
         "Paper COCO mAP": _NA if paper is None or paper.map is None else f"{paper.map:.1f}",
-        "Demo AP50: test (val)": _NA,
+        DEMO_COLUMN: demo_cell(row.demo),
     }
-    if row.demo is not None:
-        test, val = (row.demo.get(split, {}).get("AP50", {}).get("mean") for split in (TEST, VAL))
-        if test is not None or val is not None:
-            cells["Demo AP50: test (val)"] = (
-                f"{test:.1f}" if test is not None else _NA
-            ) + (f" ({val:.1f})" if val is not None else "")
     if row.flops is None:
         cells.update({c: "" for c in FLOP_COLUMNS if c != "Input"})
     else:
@@ -194,6 +186,40 @@ def row_cells(row: ModelRow) -> Dict[str, str]:
         cells["Attention GFLOPs"] = f"{2 * row.flops['attention'] / 1e9:.2f}"
         cells["Δ GFLOPs"] = _delta(g, paper.gflops if paper else None, 1)
     return cells
+
+
+def demo_cell(demo: Optional[Dict[str, object]]) -> str:
+    """The demo column's cell of a ``docs/demo_results.json`` entry: test AP50 (val AP50)."""
+    if demo is None:
+        return _NA
+    test, val = (demo.get(split, {}).get("AP50", {}).get("mean") for split in (TEST, VAL))
+    if test is None and val is None:
+        return _NA
+    return (f"{test:.1f}" if test is not None else _NA) + (f" ({val:.1f})" if val is not None else "")
+
+
+def update_demo_column(text: str, demo_results: Dict[str, Dict[str, object]], command: str) -> str:
+    """``text`` (a file holding the rendered table) with the table's preamble and demo column
+    made anew from ``demo_results``, every other cell kept: what :func:`render_markdown` would
+    give with these results, without building and counting every model again."""
+    begin = text.index(TABLE_BEGIN)
+    end = text.index(TABLE_END) + len(TABLE_END)
+    block = text[begin:end]
+    header_at = block.index("| Config |")
+    lines = block[header_at:].splitlines()
+    col = COLUMNS.index(DEMO_COLUMN)
+    out = []
+    for i, ln in enumerate(lines):
+        if i == 0:
+            ln = "| " + " | ".join(COLUMNS) + " |"
+        elif i >= 2 and ln.startswith("|"):
+            cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+            name = os.path.basename(cells[0].strip("`"))
+            cells[col] = demo_cell(demo_results.get(name))
+            ln = "| " + " | ".join(cells) + " |"
+        out.append(ln)
+    preamble = render_markdown([], command)[: render_markdown([], command).index("| Config |")]
+    return text[:begin] + preamble + "\n".join(out) + text[end:]
 
 
 def render_markdown(rows: Sequence[ModelRow], command: str) -> str:

@@ -1,8 +1,9 @@
 """Making the demo dataset: NEON tree crowns from the ``deepforest==2.1.0`` wheel, as COCO tiles.
 
 Used by ``tools/prepare_demo_data.py``. ``import aadet`` does not load this module (it downloads
-and writes nothing); import it as ``aadet.data.prepare_trees``. Split names, dataset names, paths and the class come from
-:mod:`aadet.data.trees`, which the registration (:func:`aadet.data.register_trees`) reads too.
+and writes nothing); import it as ``aadet.data.prepare_trees``. Split names, dataset names, paths
+and the class come from :mod:`aadet.data.trees`, which the registration
+(:func:`aadet.data.register_trees`) reads too.
 
 Source. The ``deepforest`` wheel on the package index ships hand-labelled RGB aerial images of tree
 crowns (National Ecological Observatory Network, public domain) as PNG + Pascal-VOC XML in

@@ -1,6 +1,6 @@
 """A small synthetic COCO dataset like a user's own microscopy data: tiny objects in small tiles.
 
-What new users bring (issue 11): 128 px tiles cut from one microscopy image, a few dozen boxes of
+What new users bring: 128 px tiles cut from one microscopy image, a few dozen boxes of
 3-38 px -- objects far smaller than COCO's, and often elongated (rods, not discs). This module makes
 such a dataset from a seed, deterministically, so that the recipe derived by
 :mod:`aadet.data.statistics` can be tested against the demo's guessed anchors without shipping data.

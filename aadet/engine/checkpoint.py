@@ -19,6 +19,8 @@ import tempfile
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
+from ..utils.d2compat import LoadModelHook
+
 __all__ = ["AADetCheckpointer", "CheckpointMismatchError", "atomic_torch_save"]
 
 
@@ -46,7 +48,7 @@ def atomic_torch_save(obj, path: str):
     _atomic_write(path, lambda f: torch.save(obj, f))
 
 
-class AADetCheckpointer(DetectionCheckpointer):
+class AADetCheckpointer(LoadModelHook, DetectionCheckpointer):
     """DetectionCheckpointer with atomic saves and an optional strict load (see module doc)."""
 
     def __init__(
@@ -80,7 +82,7 @@ class AADetCheckpointer(DetectionCheckpointer):
         path = os.path.join(self.save_dir, "last_checkpoint")
         _atomic_write(path, lambda f: f.write(last_filename_basename), mode="w")
 
-    def _load_model(self, checkpoint):
+    def load_model_state(self, checkpoint):
         if self.ema_weights:
             if "model_ema" not in checkpoint:
                 raise CheckpointMismatchError(
@@ -91,7 +93,7 @@ class AADetCheckpointer(DetectionCheckpointer):
             ema_state = checkpoint["model_ema"]["state"]
             checkpoint = {k: v for k, v in checkpoint.items() if k != "model_ema"}
             checkpoint["model"] = dict(ema_state)
-        incompatible = super()._load_model(checkpoint)
+        incompatible = super().load_model_state(checkpoint)
         if self.strict and incompatible is not None:
             problems = [
                 f"  shape mismatch: {k}: checkpoint {tuple(a)} vs model {tuple(b)}"

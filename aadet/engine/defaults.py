@@ -1,15 +1,28 @@
 """Building an aadet config the same way in every tool."""
 import logging
+import os
+import re
+from typing import Optional
 
 import torch
+import yaml
 from detectron2.config import get_cfg
 
-from ..config import add_aadet_config, validate_aadet_config
+from ..config import (
+    UnknownConfigKeyError,
+    add_aadet_config,
+    similar_config_keys,
+    validate_aadet_config,
+)
 from ..data.datasets import register_coco_from_config
 
 __all__ = ["get_aadet_cfg", "load_config"]
 
 logger = logging.getLogger(__name__)
+
+# yacs' message for a key the config does not have: KeyError from merge_from_file, AssertionError
+# from merge_from_list.
+_NON_EXISTENT_KEY = re.compile(r"^Non-existent (?:config )?key: (\S+)$")
 
 
 def get_aadet_cfg():
@@ -25,15 +38,30 @@ def load_config(config_file: str = "", opts=(), *, freeze: bool = True):
     ``MODEL.DEVICE`` "cuda" on a machine without CUDA falls back to "cpu" with a warning, so the
     same YAML serves GPU clusters and a laptop. The datasets of ``DATASETS.REGISTER_COCO`` are
     registered here, so every tool can use a dataset named only in the config.
-    """
-    import os
 
+    Raises:
+        UnknownConfigKeyError: (a ``KeyError``) a key the config does not have, naming the file
+            that sets it (or the command line) and the nearest existing keys.
+    """
     cfg = get_aadet_cfg()
     if config_file:
         if not os.path.isfile(config_file):
             raise FileNotFoundError(f"config file not found: {config_file}")
-        cfg.merge_from_file(config_file)
-    cfg.merge_from_list(list(opts))
+        try:
+            cfg.merge_from_file(config_file)
+        except KeyError as e:
+            key = _non_existent_key(e)
+            if key is None:
+                raise
+            source = _file_setting(config_file, key)
+            raise UnknownConfigKeyError(key, source, similar_config_keys(cfg, key)) from None
+    try:
+        cfg.merge_from_list(list(opts))
+    except AssertionError as e:
+        key = _non_existent_key(e)
+        if key is None:
+            raise
+        raise UnknownConfigKeyError(key, None, similar_config_keys(cfg, key)) from None
     if cfg.MODEL.DEVICE.startswith("cuda") and not torch.cuda.is_available():
         logger.warning("MODEL.DEVICE=%s but CUDA is not available: using cpu", cfg.MODEL.DEVICE)
         cfg.MODEL.DEVICE = "cpu"
@@ -42,3 +70,32 @@ def load_config(config_file: str = "", opts=(), *, freeze: bool = True):
     if freeze:
         cfg.freeze()
     return cfg
+
+
+def _non_existent_key(error: Exception) -> Optional[str]:
+    """The key of yacs' "Non-existent key" error, or ``None`` for any other error."""
+    match = _NON_EXISTENT_KEY.match(str(error.args[0])) if error.args else None
+    return match.group(1) if match else None
+
+
+def _file_setting(config_file: str, key: str) -> str:
+    """The file among ``config_file`` and its ``_BASE_`` files (fvcore's rule: a path relative to
+    the file naming it) that sets ``key``; ``config_file`` itself when none is found to."""
+    missing = object()
+    todo = [config_file]
+    while todo:
+        path = todo.pop(0)
+        try:
+            with open(path) as f:
+                node = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        base = node.get("_BASE_", []) if isinstance(node, dict) else []
+        for name in key.split("."):
+            node = node.get(name, missing) if isinstance(node, dict) else missing
+        if node is not missing:
+            return path
+        for b in [base] if isinstance(base, str) else base:
+            b = os.path.expanduser(b)
+            todo.append(b if b.startswith("/") else os.path.join(os.path.dirname(path), b))
+    return config_file

@@ -3,9 +3,8 @@
 Not part of either paper (they evaluate the trained weights), so off by default
 (``MODEL_EMA.ENABLED``). Evaluating an average of the last part of training instead of the last
 weights is common in detection codebases (d2go, YOLO-style trainers) and smooths out the last
-steps' gradient noise; after a step LR decay that noise is already small (on the conv tree-crown
-demo it changed AP50 by +0.3, README "What the demo measured"). Training itself is unchanged: the
-EMA only reads the weights after each optimizer step.
+steps' gradient noise; after a step LR decay that noise is already small. Training itself is
+unchanged: the EMA only reads the weights after each optimizer step.
 
 After update ``t`` (1, 2, ...) every floating-point entry ``w`` of the model's ``state_dict`` --
 parameters and normalization buffers -- moves its average ``a`` by::

@@ -5,67 +5,37 @@ Both take Detectron2's parameter groups (``get_default_optimizer_params``: ``BAS
 gradient clipping (``SOLVER.CLIP_GRADIENTS``); the LR schedule is Detectron2's either way.
 
 * ``"SGD"`` (default; the papers' recipe): Detectron2's ``build_optimizer`` itself
-  (``MOMENTUM``, ``NESTEROV``), or its equivalent over our parameter groups when the
-  relative embeddings' learning rate differs (below).
+  (``MOMENTUM``, ``NESTEROV``).
 * ``"AdamW"``: ``torch.optim.AdamW`` with ``SOLVER.ADAMW_BETAS`` and decoupled weight decay.
   Adam scales each parameter's step by its own gradient statistics, so parameters whose
   gradients are orders of magnitude smaller than the others' (attention's relative position
-  embeddings: ``||grad|| / ||w||`` around 1e-4 against 4e-2 to 1.6e-1 for the value projections in
-  issue 12's diagnosis of the SGD demo) still move; with SGD they barely do in a
-  short schedule. Transformer detectors (DETR, ViTDet) train with AdamW for the same reason.
-  Its ``BASE_LR`` is of another scale than SGD's (e.g. 1e-3 rather than 1e-2).
-
-``SOLVER.RELATIVE_EMBEDDING_LR_FACTOR`` (default 1.0, the papers') multiplies the learning rate
-of every relative position embedding (the ``rel_h`` / ``rel_w`` parameters of SASA's and AA's
-layers and of the attention stem, :data:`aadet.layers.RELATIVE_EMBEDDING_NAMES`), with either
-optimizer: their own parameter group, as Detectron2's ``overrides``.
+  embeddings: ``||grad|| / ||w||`` around 1e-4 against 4e-2 to 1.6e-1 for the value projections
+  on the SGD tree demo) still move; with SGD they barely do in a short schedule. Transformer
+  detectors (DETR, ViTDet) train with AdamW for the same reason. Its ``BASE_LR`` is of another
+  scale than SGD's (e.g. 1e-3 rather than 1e-2).
 """
 from typing import Callable, Dict, List
 
 import torch
 from detectron2.solver import build_optimizer as detectron2_build_optimizer
 from detectron2.solver import get_default_optimizer_params
-from detectron2.solver.build import maybe_add_gradient_clipping
 
-from ..layers import RELATIVE_EMBEDDING_NAMES
+from ..utils.d2compat import maybe_add_gradient_clipping
 
 __all__ = ["OPTIMIZERS", "build_optimizer", "optimizer_param_groups"]
 
 
 def optimizer_param_groups(cfg, model: torch.nn.Module) -> List[Dict]:
     """Detectron2's parameter groups (``get_default_optimizer_params`` with ``BASE_LR``,
-    ``WEIGHT_DECAY_NORM``, ``BIAS_LR_FACTOR``, ``WEIGHT_DECAY_BIAS``), the relative embeddings'
-    learning rate times ``SOLVER.RELATIVE_EMBEDDING_LR_FACTOR``."""
+    ``WEIGHT_DECAY_NORM``, ``BIAS_LR_FACTOR``, ``WEIGHT_DECAY_BIAS``)."""
     s = cfg.SOLVER
-    factor = float(s.RELATIVE_EMBEDDING_LR_FACTOR)
-    overrides = None
-    if factor != 1.0:
-        overrides = {name: {"lr": s.BASE_LR * factor} for name in RELATIVE_EMBEDDING_NAMES}
     return get_default_optimizer_params(
         model,
         base_lr=s.BASE_LR,
         weight_decay_norm=s.WEIGHT_DECAY_NORM,
         bias_lr_factor=s.BIAS_LR_FACTOR,
         weight_decay_bias=s.WEIGHT_DECAY_BIAS,
-        overrides=overrides,
     )
-
-
-def _sgd(cfg, model) -> torch.optim.Optimizer:
-    """Detectron2's ``build_optimizer`` (SGD with ``MOMENTUM`` / ``NESTEROV``), over
-    :func:`optimizer_param_groups`; with a factor of 1 it is Detectron2's own."""
-    if float(cfg.SOLVER.RELATIVE_EMBEDDING_LR_FACTOR) == 1.0:
-        return detectron2_build_optimizer(cfg, model)
-    s = cfg.SOLVER
-    sgd = torch.optim.SGD(
-        optimizer_param_groups(cfg, model),
-        lr=s.BASE_LR,
-        momentum=s.MOMENTUM,
-        nesterov=s.NESTEROV,
-        weight_decay=s.WEIGHT_DECAY,
-        foreach=True,
-    )
-    return maybe_add_gradient_clipping(cfg, sgd)
 
 
 def _adamw(cfg, model) -> torch.optim.Optimizer:
@@ -81,8 +51,9 @@ def _adamw(cfg, model) -> torch.optim.Optimizer:
     return maybe_add_gradient_clipping(cfg, adamw)
 
 
-#: ``SOLVER.OPTIMIZER`` value -> ``(cfg, model) -> optimizer``; the config accepts exactly these.
-OPTIMIZERS: Dict[str, Callable] = {"SGD": _sgd, "AdamW": _adamw}
+#: ``SOLVER.OPTIMIZER`` value -> ``(cfg, model) -> optimizer``: one per name the config accepts
+#: (:data:`aadet.config.OPTIMIZER_NAMES`, in that order).
+OPTIMIZERS: Dict[str, Callable] = {"SGD": detectron2_build_optimizer, "AdamW": _adamw}
 
 
 def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:

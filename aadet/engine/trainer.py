@@ -3,7 +3,8 @@
 Differences from ``DefaultTrainer``, each for a reason:
 * train loader: the scale-jitter / crop / flip recipe (:mod:`aadet.data.augmentation`), on a
   stream that ``--resume`` continues exactly (:mod:`aadet.data.resumable`);
-* evaluator: COCO box AP (pycocotools when Detectron2's compiled fast evaluator is absent);
+* evaluator: COCO box AP (Detectron2's compiled fast evaluator; ``COCOEvaluator`` falls back to
+  pycocotools itself where it is not built);
 * checkpoints: atomic writes, strict loading (:mod:`aadet.engine.checkpoint`), and the best
   checkpoint by ``SOLVER.BEST_CHECKPOINT_METRIC`` kept as ``model_best.pth``.
 * multi-process training on CPU (gloo): Detectron2's ``create_ddp_model`` always passes
@@ -20,7 +21,10 @@ Differences from ``DefaultTrainer``, each for a reason:
 * with ``MODEL_EMA.ENABLED``, a moving average of the weights (:class:`~aadet.engine.ema.ModelEMA`,
   updated by :class:`~aadet.engine.hooks.EMAHook`, checkpointed as ``model_ema`` and restored by
   ``--resume``) is what every evaluation in training measures.
-The Detectron2 internals this needs are wrapped in :mod:`aadet.engine.d2compat`.
+* with several processes, all ranks must load the same checkpoint (same start iteration and
+  weights) and end with the same weights, else :class:`~aadet.engine.rank_sync.RanksDisagreeError`
+  (:mod:`aadet.engine.rank_sync`: a machine that reads another ``OUTPUT_DIR`` fails at start).
+The Detectron2 internals this needs are wrapped in :mod:`aadet.utils.d2compat`.
 A NaN/inf loss stops training with the iteration: Detectron2's check on the losses, and
 ``AADetRetinaNet``'s on the head's predictions (before the GIoU loss asserts on NaN boxes).
 """
@@ -33,23 +37,21 @@ from collections import OrderedDict
 from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
 from detectron2.data.common import DatasetFromList
 from detectron2.engine import DefaultTrainer, hooks
-from detectron2.evaluation import COCOEvaluator, coco_evaluation
+from detectron2.evaluation import COCOEvaluator
+from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 from ..data.augmentation import build_augmentation
 from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
 from ..modeling.test_time_augmentation import RetinaNetWithTTA
+from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader, set_train_results
 from .checkpoint import AADetCheckpointer
-from .d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
 from .ema import ModelEMA
 from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
 from .optimizer import build_optimizer
+from .rank_sync import check_ranks_agree, weights_fingerprint
 
 __all__ = ["Trainer"]
-
-
-def _has_fast_coco_eval() -> bool:
-    return coco_evaluation.COCOeval_opt is not coco_evaluation.COCOeval
 
 
 class Trainer(DefaultTrainer):
@@ -109,9 +111,30 @@ class Trainer(DefaultTrainer):
 
     def resume_or_load(self, resume=True):
         super().resume_or_load(resume=resume)
+        if comm.get_world_size() > 1:
+            check_ranks_agree(
+                "where training starts (iteration, weights fingerprint)",
+                (self.start_iter, weights_fingerprint(self.model)),
+                f"Every machine must load the same checkpoint: with --resume, OUTPUT_DIR "
+                f"({self.cfg.OUTPUT_DIR}) on a filesystem all machines share; MODEL.WEIGHTS the "
+                "same file on each.",
+            )
         if self.start_iter > 0:
             # Continue the data stream where the checkpointed run was, not from its start.
             restart_data_loader(self, lambda: self.build_train_loader(self.cfg, self.start_iter))
+
+    def train(self):
+        results = super().train()
+        if comm.get_world_size() > 1:
+            fingerprint = check_ranks_agree(
+                "the trained weights (fingerprint)", weights_fingerprint(self.model),
+                "DDP should keep the replicas equal: do not use these checkpoints before finding why.",
+            )
+            logging.getLogger(__name__).info(
+                "Final weights fingerprint %s (rank %d), the same on all %d ranks",
+                fingerprint, comm.get_rank(), comm.get_world_size(),
+            )
+        return results
 
     @classmethod
     def build_optimizer(cls, cfg, model):
@@ -127,7 +150,7 @@ class Trainer(DefaultTrainer):
             tasks=("bbox",),
             distributed=True,
             output_dir=output_folder,
-            use_fast_impl=_has_fast_coco_eval(),
+            use_fast_impl=True,  # without the compiled evaluator, COCOEvaluator uses pycocotools
         )
 
     @classmethod
@@ -156,8 +179,7 @@ class Trainer(DefaultTrainer):
         # DefaultTrainer.build_hooks' test_and_save_results, on the evaluated weights.
         with self.evaluated_weights():
             self.last_eval_results = self.test(self.cfg, self.model)
-        # DefaultTrainer.train() returns (and checks TEST.EXPECTED_RESULTS against) this name.
-        self._last_eval_results = self.last_eval_results
+        set_train_results(self, self.last_eval_results)  # what DefaultTrainer.train() returns
         return self.last_eval_results
 
     def _evaluate_with_TTA(self):

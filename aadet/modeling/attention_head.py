@@ -29,6 +29,7 @@ from detectron2.config import configurable
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 from torch import nn
 
+from ..layers.local_attention import ATTENTION_OPTIONS
 from .attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .meta_arch.retinanet import RETINANET_HEAD_REGISTRY
 
@@ -44,27 +45,17 @@ def _head_value_init(value: nn.Conv2d):
 class AttentionRetinaNetHead(RetinaNetHead):
     """``RetinaNetHead`` whose tower convs are local self-attention (prediction convs kept).
 
-    Takes ``RetinaNetHead``'s arguments plus the attention's ``kernel_size``, ``num_heads``,
-    ``positional_encoding``, ``block_size``, ``impl`` and ``relative_init_scale``. ``forward(features)`` is unchanged:
-    per level ``[B, C, Hi, Wi]`` -> ``(logits [B, A*K, Hi, Wi], bbox_reg [B, A*4, Hi, Wi])``.
+    Takes ``RetinaNetHead``'s arguments plus any of the attention options of
+    :class:`~aadet.layers.LocalSelfAttention2d` (:data:`~aadet.layers.local_attention.ATTENTION_OPTIONS`:
+    ``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``, ...; the
+    layer's defaults for those not given). ``forward(features)`` is unchanged: per level
+    ``[B, C, Hi, Wi]`` -> ``(logits [B, A*K, Hi, Wi], bbox_reg [B, A*4, Hi, Wi])``.
     """
 
     @configurable
-    def __init__(
-        self,
-        *,
-        kernel_size: int = 7,
-        num_heads: int = 8,
-        positional_encoding: str = "relative",
-        block_size: int = 8,
-        impl: str = "auto",
-        relative_init_scale: float = 1.0,
-        **kwargs,
-    ):
+    def __init__(self, **kwargs):
+        attention = {name: kwargs.pop(name) for name in ATTENTION_OPTIONS if name in kwargs}
         super().__init__(**kwargs)
-        attention = dict(kernel_size=kernel_size, num_heads=num_heads,
-                         positional_encoding=positional_encoding, block_size=block_size, impl=impl,
-                         relative_init_scale=relative_init_scale)
         for tower in (self.cls_subnet, self.bbox_subnet):
             for i, layer in enumerate(tower):
                 if isinstance(layer, nn.Conv2d):

@@ -12,7 +12,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..config import check_aa_config, check_sasa_config, sasa_positional_encoding
+from ..config import check_aa_config, check_sasa_config
 from ..layers.local_attention import LocalSelfAttention2d
 
 __all__ = ["aa_layer_kwargs", "sasa_layer_kwargs", "local_attention_for_conv"]
@@ -46,16 +46,15 @@ def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
 
 def sasa_layer_kwargs(cfg) -> dict:
     """:class:`LocalSelfAttention2d` arguments from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
-    POSITIONAL_ENCODING, RELATIVE_INIT_SCALE, BLOCK_SIZE, IMPL}`` (checked; ``"absolute"`` becomes ``"sine2d"``)."""
+    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}`` (checked)."""
     check_sasa_config(cfg)
     sa = cfg.MODEL.SASA
     return dict(
         kernel_size=sa.KERNEL_SIZE,
         num_heads=sa.NUM_HEADS,
-        positional_encoding=sasa_positional_encoding(cfg),
+        positional_encoding=sa.POSITIONAL_ENCODING,
         block_size=sa.BLOCK_SIZE,
         impl=sa.IMPL,
-        relative_init_scale=float(sa.RELATIVE_INIT_SCALE),
     )
 
 

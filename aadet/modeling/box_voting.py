@@ -12,6 +12,8 @@ import torch
 from detectron2.layers import batched_nms
 from detectron2.structures import Boxes, Instances, pairwise_iou
 
+from ..config import VOTE_THRESH_ALLOWED, is_valid_vote_thresh  # the config's range, re-exported
+
 __all__ = [
     "VOTE_THRESH_ALLOWED",
     "bbox_vote_thresh",
@@ -19,14 +21,6 @@ __all__ = [
     "is_valid_vote_thresh",
     "nms_and_vote",
 ]
-
-#: The allowed IoU thresholds of a vote, in words (error messages).
-VOTE_THRESH_ALLOWED = "in (0, 1]"
-
-
-def is_valid_vote_thresh(value) -> bool:
-    """Whether ``value`` is an allowed vote IoU threshold (:data:`VOTE_THRESH_ALLOWED`)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
 
 
 def bbox_vote_thresh(cfg) -> float:

@@ -38,35 +38,26 @@ def _replace_aliases(seq, old, new):
             seq[i] = new
 
 
-def convert_fpn_to_attention(
-    fpn: FPN,
-    *,
-    kernel_size: int = 7,
-    num_heads: int = 8,
-    positional_encoding: str = "relative",
-    block_size: int = 8,
-    impl: str = "auto",
-    relative_init_scale: float = 1.0,
-    top_block: bool = False,
-) -> FPN:
+def convert_fpn_to_attention(fpn: FPN, *, top_block: bool = False, **attention) -> FPN:
     """Replace ``fpn``'s 3x3 output convs, and its P6/P7 convs if ``top_block``, in place.
 
     Returns ``fpn``. ``top_block=True`` requires a ``LastLevelP6P7`` (or no top block at all);
     another top block (e.g. ``LastLevelMaxPool``) has no convolution and is left alone.
+    ``attention``: options of the :class:`~aadet.layers.LocalSelfAttention2d` layers
+    (``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``, ...;
+    the layer's defaults for those not given).
     """
-    opts = dict(kernel_size=kernel_size, num_heads=num_heads,
-                positional_encoding=positional_encoding, block_size=block_size, impl=impl,
-                relative_init_scale=relative_init_scale)
     for name, module in list(fpn.named_children()):
         if not name.startswith("fpn_output"):
             continue
-        new = local_attention_for_conv(module, weight_init.c2_xavier_fill, **opts)
+        new = local_attention_for_conv(module, weight_init.c2_xavier_fill, **attention)
         setattr(fpn, name, new)
         _replace_aliases(fpn.output_convs, module, new)
     if top_block and isinstance(fpn.top_block, LastLevelP6P7):
         for name in ("p6", "p7"):
             old = getattr(fpn.top_block, name)
-            setattr(fpn.top_block, name, local_attention_for_conv(old, weight_init.c2_xavier_fill, **opts))
+            new = local_attention_for_conv(old, weight_init.c2_xavier_fill, **attention)
+            setattr(fpn.top_block, name, new)
     return fpn
 
 

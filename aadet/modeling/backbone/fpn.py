@@ -3,7 +3,8 @@
 :func:`build_retinanet_fpn` builds Detectron2's ``FPN`` with RetinaNet's P6/P7 (stride-2 3x3
 convs), taken from ``res5`` or ``p5`` (``MODEL.FPN.P6P7_SOURCE``; the AA paper's RetinaNet uses
 P5), built only when ``MODEL.RETINANET.IN_FEATURES`` asks for them. ``MODEL.FPN.SPATIAL_LAYER``
-then picks what makes the FPN's 3x3 outputs and P6/P7, through ``FPN_SPATIAL_LAYER_REGISTRY``:
+then picks what makes the FPN's 3x3 outputs and P6/P7, through ``FPN_SPATIAL_LAYER_REGISTRY``
+(defined in :mod:`aadet.config`, whose check accepts exactly its names; re-exported here):
 "conv" (:func:`keep_conv_spatial_layers`) or "attention" (SASA's attentional FPN,
 :func:`~aadet.modeling.backbone.attention_fpn.attention_spatial_layers`).
 
@@ -15,8 +16,8 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
 from detectron2.modeling.backbone.resnet import BasicStem
-from detectron2.utils.registry import Registry
 
+from ...config import FPN_SPATIAL_LAYER_REGISTRY
 from .resnet_stages import build_resnet
 
 __all__ = [
@@ -25,30 +26,6 @@ __all__ = [
     "keep_conv_spatial_layers",
     "build_retinanet_conv_resnet_fpn_backbone",
 ]
-
-
-class _NamedRegistry(Registry):
-    """Detectron2's ``Registry`` whose ``register("name")`` files an object under a given name
-    (the config value), so the object itself can have a descriptive name."""
-
-    def register(self, obj=None):
-        if isinstance(obj, str):
-            name = obj
-
-            def deco(func_or_class):
-                self._do_register(name, func_or_class)
-                return func_or_class
-
-            return deco
-        return super().register(obj)
-
-
-FPN_SPATIAL_LAYER_REGISTRY = _NamedRegistry("FPN_SPATIAL_LAYER")
-FPN_SPATIAL_LAYER_REGISTRY.__doc__ = """
-Converters ``fn(fpn: FPN, cfg) -> FPN`` that replace the spatial layers of a built FPN (its 3x3
-output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER value>")``.
-``validate_aadet_config`` accepts exactly the registered names.
-"""
 
 
 @FPN_SPATIAL_LAYER_REGISTRY.register("conv")

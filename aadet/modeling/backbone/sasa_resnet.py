@@ -26,6 +26,7 @@ from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResN
 
 from ...config import check_sasa_config, config_error
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
+from ...layers.functional.checks import check_num_heads
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import BASIC_DEPTHS, RESNET_BLOCKS_PER_STAGE, ResNetStage, build_resnet
@@ -54,9 +55,10 @@ class SASABottleneckBlock(BottleneckBlock):
     ``conv2`` is :func:`~aadet.modeling.attention_layers.local_attention_for_conv` of the 3x3
     convolution it replaces (its norm; value projection initialised with ``c2_msra_fill``).
 
-    Args (in addition to ``BottleneckBlock``'s):
-        kernel_size, num_heads, positional_encoding, block_size, impl, relative_init_scale: of the
-            attention layer.
+    ``attention`` (in addition to ``BottleneckBlock``'s arguments): options of the attention
+    layer (``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``, ...;
+    see :func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`), the layer's defaults for
+    those not given.
     """
 
     def __init__(
@@ -70,12 +72,7 @@ class SASABottleneckBlock(BottleneckBlock):
         norm="BN",
         stride_in_1x1=False,
         dilation=1,
-        kernel_size=7,
-        num_heads=8,
-        positional_encoding="relative",
-        block_size=8,
-        impl="auto",
-        relative_init_scale=1.0,
+        **attention,
     ):
         if num_groups != 1:
             raise ValueError(f"SASABottleneckBlock needs num_groups=1; got {num_groups}")
@@ -92,16 +89,7 @@ class SASABottleneckBlock(BottleneckBlock):
             dilation=1,
         )
         # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
-        self.conv2 = local_attention_for_conv(
-            self.conv2,
-            weight_init.c2_msra_fill,
-            kernel_size=kernel_size,
-            num_heads=num_heads,
-            positional_encoding=positional_encoding,
-            block_size=block_size,
-            impl=impl,
-            relative_init_scale=relative_init_scale,
-        )
+        self.conv2 = local_attention_for_conv(self.conv2, weight_init.c2_msra_fill, **attention)
 
 
 def _build_stem(cfg, input_shape: ShapeSpec):
@@ -141,20 +129,15 @@ def _check_attention_stage(cfg, stage: ResNetStage):
         )
     if stage.dilation != 1:
         raise config_error("MODEL.RESNETS.RES5_DILATION", "1 when res5 uses attention", stage.dilation)
-    if width % sa.NUM_HEADS != 0:
-        raise config_error(
-            "MODEL.SASA.NUM_HEADS",
-            f"a divisor of the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * "
-            "2^stage)",
-            sa.NUM_HEADS,
-        )
-    if sa.POSITIONAL_ENCODING == "relative" and width // sa.NUM_HEADS < 2:
-        raise config_error(
-            "MODEL.SASA.NUM_HEADS",
-            f"at most {width // 2} (>= 2 channels per head for relative positions in {name}, "
-            f"bottleneck width {width})",
-            sa.NUM_HEADS,
-        )
+    check_num_heads(
+        sa.NUM_HEADS,
+        width,
+        min_per_head=2 if sa.POSITIONAL_ENCODING == "relative" else 1,
+        name="MODEL.SASA.NUM_HEADS",
+        channels_name=f"the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage)",
+        per_head_reason=f"for relative positions in {name}, bottleneck width {width}",
+        error=config_error,
+    )
 
 
 @BACKBONE_REGISTRY.register()

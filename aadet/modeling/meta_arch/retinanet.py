@@ -12,18 +12,14 @@ from detectron2.config import configurable
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
 from detectron2.utils.events import get_event_storage
-from detectron2.utils.registry import Registry
 
-from ...engine.d2compat import EMAUpdateHook
+from ...config import RETINANET_HEAD_REGISTRY
+from ...utils.d2compat import EMAUpdateHook, decode_multi_level_predictions
 from ..box_voting import VOTE_THRESH_ALLOWED, bbox_vote_thresh, is_valid_vote_thresh, nms_and_vote
 
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
 
-RETINANET_HEAD_REGISTRY = Registry("RETINANET_HEAD")
-RETINANET_HEAD_REGISTRY.__doc__ = """
-RetinaNet heads, called as ``cls(cfg, feature_shapes)`` (``@configurable`` classes), returning
-per-level ``(logits, bbox_reg)`` lists like Detectron2's ``RetinaNetHead``.
-"""
+# The registry is aadet.config's (its check accepts exactly the registered names).
 RETINANET_HEAD_REGISTRY.register(RetinaNetHead)
 
 
@@ -78,8 +74,8 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
     def inference_single_image(self, anchors, box_cls, box_delta, image_size):
         """Detectron2's (score threshold, top-k per level, class-wise NMS, top
         ``max_detections_per_image``), then box voting with the pre-NMS candidates when on."""
-        pred = self._decode_multi_level_predictions(
-            anchors, box_cls, box_delta, self.test_score_thresh, self.test_topk_candidates, image_size
+        pred = decode_multi_level_predictions(
+            self, anchors, box_cls, box_delta, self.test_score_thresh, self.test_topk_candidates, image_size
         )
         return nms_and_vote(pred, self.test_nms_thresh, self.max_detections_per_image, self.bbox_vote_thresh)
 
