@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo test test-fast test-learning docs clean-demo gpu-check
+.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -24,13 +24,21 @@ demo: data
 	$(PY) tools/visualize_detections.py --config-file $(DEMO_CONFIG) --dataset trees_val \
 	    --weights $(DEMO_OUT)/model_final.pth --output $(DEMO_OUT)/vis --max-images 6 --show-gt
 
+# Linter (ruff, from the dev extra; settings in pyproject.toml). CI (.ci/run) runs it before the tests.
+lint: setup
+	$(PY) -m ruff check aadet tools tests
+
 # Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
-# when a change touches attention, training or the recipe. CI (.ci/run) runs test, then test-learning.
+# when a change touches attention, training or the recipe. CI (.ci/run) runs lint, test, then test-learning.
 test: setup
-	$(PY) -m pytest -q -m "not learning" tests
+	$(PY) -m pytest -q -m "not learning and not multimachine" tests
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not learning" tests
+	$(PY) -m pytest -q -m "not slow and not learning and not multimachine" tests
+
+# Two "machines" and torchrun on localhost (gloo): tests/test_multi_machine.py.
+test-multimachine: setup
+	$(PY) -m pytest -q -m multimachine tests
 
 # The short trainings that must reach an AP on the demo data and on generated fields.
 test-learning: setup
