@@ -40,6 +40,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..utils.run_summary import cpu_model
+
 __all__ = [
     "AMP_DTYPES",
     "default_amp_dtype",
@@ -233,23 +235,12 @@ def measure(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") 
     )
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment_info(device="cpu") -> Dict[str, object]:
     """Device name, torch version, threads and cores: what a timing is only valid for."""
     device = torch.device(device)
     info = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "torch_threads": torch.get_num_threads(),

@@ -35,6 +35,7 @@ __all__ = [
     "FORMAT",
     "NOT_RECIPE_KEYS",
     "BOX_METRICS",
+    "cpu_model",
     "machine_description",
     "git_commit",
     "config_diff",
@@ -61,7 +62,8 @@ NOT_RECIPE_KEYS = frozenset(
 )
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -78,7 +80,7 @@ def machine_description() -> Dict[str, object]:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
