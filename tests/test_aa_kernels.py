@@ -440,10 +440,6 @@ def _tiles(launches):
     return {(launch.kwargs["ROWS"], launch.kwargs["BLOCK_W"]) for launch in launches}
 
 
-def _assert_compile(launches):
-    n, failures = triton_aot.compile_launches(launches)
-    assert not failures, f"{len(failures)} of {n} kernel variants do not compile for sm_90:\n" + "\n".join(failures)
-    return n
 
 
 @compiles_for_h100
@@ -467,7 +463,7 @@ def test_kernels_compile_for_an_h100_without_a_gpu(config_aa_layers, precision):
         sig = triton_aot.specialization(launch)[0]
         assert sig["Q"] == sig["K"] == sig["V"] == dtype and sig["LSE"] == "*fp32", sig
         assert launch.kwargs["OP_F32"] is False  # compiled mode: tl.dot on the input type
-    _assert_compile(launches)
+    triton_aot.assert_compile(launches)
 
 
 @pytest.mark.slow  # some 20 more variants each: about a minute on 2 cores without Triton's cache
@@ -490,4 +486,4 @@ def test_every_tile_the_launch_code_makes_compiles_for_an_h100(config_aa_layers,
     assert _tiles(launches) == set(widths) and len(widths) == 8
     flags = {(launch.kwargs["HAS_ROW"], launch.kwargs["HAS_COL"]) for launch in launches}
     assert flags >= {(True, True), (False, False)}
-    _assert_compile(launches)
+    triton_aot.assert_compile(launches)

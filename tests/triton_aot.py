@@ -238,3 +238,11 @@ def run_recorded(namespace, names, fn: Callable[[], None]) -> List[Launch]:
     with recorded_launches(namespace, names) as launches:
         fn()
     return list(launches)
+
+
+def assert_compile(launches):
+    """Compile every recorded launch for sm_90; fail listing each variant that does not compile.
+    Returns how many variants compiled."""
+    n, failures = compile_launches(launches)
+    assert not failures, f"{len(failures)} of {n} kernel variants do not compile for sm_90:\n" + "\n".join(failures)
+    return n
