@@ -33,6 +33,7 @@ argument): ``tests/test_launch.py`` tests them without processes; ``tests/test_m
 runs the process paths on one host.
 """
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -45,7 +46,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from ..utils.d2compat import create_local_process_group
+from ..utils.d2compat import create_local_process_group, release_local_process_group
 
 __all__ = [
     "DEFAULT_DIST_TIMEOUT_S",
@@ -428,14 +429,15 @@ class _Plan:
     attempt: int = 0
 
 
-def _init_process_group(plan: _Plan, rank: int) -> None:
+def _init_process_group(plan: _Plan, rank: int) -> Optional["dist.Store"]:
+    """The default process group of ``rank``; returns the rendezvous store (None with file://)."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = timedelta(seconds=plan.timeout_s)
     url = urlparse(plan.dist_url)
     if url.scheme != "tcp":
         dist.init_process_group(backend, init_method=plan.dist_url, world_size=plan.world_size,
                                 rank=rank, timeout=timeout)
-        return
+        return None
     store = rendezvous(url.hostname, url.port, rank, plan.world_size,
                        local_world_size=plan.local_world_size, timeout_s=plan.timeout_s,
                        dist_url=plan.dist_url, agent_store=plan.agent_store, attempt=plan.attempt)
@@ -449,6 +451,40 @@ def _init_process_group(plan: _Plan, rank: int) -> None:
             f"have died meanwhile, or cannot open connections to this machine (firewall, "
             f"interface: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME). Timeout: --dist-timeout "
             f"{plan.timeout_s:g}.") from e
+    return store
+
+
+def _leave(plan: _Plan, rank: int, store: Optional["dist.Store"]) -> None:
+    """Leave a finished run so that no process aborts on its way out.
+
+    Left to interpreter shutdown, the teardown can crash: the trainer and its
+    DistributedDataParallel model (reference cycles, freed only by the garbage collector) keep the
+    process groups alive, whose gloo threads may still be at work, or see a peer's sockets close,
+    when Python no longer lets a thread take the GIL; the process then aborts after a finished run
+    ("terminate called without an active exception", SIGABRT). So every rank waits for the others,
+    frees those objects and destroys every group while the interpreter is whole; then rank 0, which
+    serves the rendezvous store, waits (at most a minute) until every rank has done so before it
+    exits and takes the store with it.
+    """
+    from detectron2.utils import comm
+
+    comm.synchronize()
+    gc.collect()
+    release_local_process_group()
+    dist.destroy_process_group()
+    if store is None:
+        return
+    key = f"{_KEY}/{plan.attempt}/left"
+    left = store.add(key, 1)
+    if rank != 0 or plan.agent_store:
+        return
+    deadline = time.monotonic() + min(plan.timeout_s, 60.0)
+    while left < plan.world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = store.add(key, 0)
+    if left < plan.world_size:
+        logger.warning("rank 0 exits before %d of %d ranks left the run cleanly",
+                       plan.world_size - left, plan.world_size)
 
 
 def _looks_like_peer_failure(e: BaseException) -> bool:
@@ -469,7 +505,7 @@ def _worker(local_rank: int, main_func: Callable, plan: _Plan, args: Tuple) -> N
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}): each process "
                 "must see all GPUs of its machine (SLURM: no --gpus-per-task / --gpu-bind)")
         torch.cuda.set_device(local_rank)
-    _init_process_group(plan, rank)
+    store = _init_process_group(plan, rank)
     create_local_process_group(plan.local_world_size)
     from detectron2.utils import comm
 
@@ -486,8 +522,7 @@ def _worker(local_rank: int, main_func: Callable, plan: _Plan, args: Tuple) -> N
                 f"reach the collective within --dist-timeout {plan.timeout_s:g}. Restart every "
                 "machine with --resume to continue from the last checkpoint.") from e
         raise
-    comm.synchronize()
-    dist.destroy_process_group()
+    _leave(plan, rank, store)
 
 
 def _parse_spawn_url(dist_url: Optional[str], num_machines: int) -> str:

@@ -44,7 +44,8 @@ Internals used:
   group behind ``comm.get_local_rank()`` / ``get_local_size()``. Processes started without
   Detectron2's ``launch()`` (torchrun, SLURM) must create it: ``comm.create_local_process_group``
   (0.7.2 and main) does; v0.6's ``launch()`` set the internal itself, and so does the v0.6 branch
-  of :func:`create_local_process_group`.
+  of :func:`create_local_process_group`. :func:`release_local_process_group` drops Detectron2's
+  reference (and the cache of ``create_local_process_group``) when the run ends.
 """
 import contextlib
 
@@ -63,6 +64,7 @@ __all__ = [
     "NamedRegistry",
     "maybe_add_gradient_clipping",
     "create_local_process_group",
+    "release_local_process_group",
 ]
 
 
@@ -196,3 +198,15 @@ def create_local_process_group(num_workers_per_machine: int) -> None:
         group = dist.new_group(ranks)
         if m == rank // num_workers_per_machine:
             comm._LOCAL_PROCESS_GROUP = group
+
+
+def release_local_process_group() -> None:
+    """Drop Detectron2's reference to the per-machine group (before ``destroy_process_group``), so
+    that nothing keeps it alive into interpreter shutdown, and clear the cache of
+    ``comm.create_local_process_group`` so that a later run in this process can create it again."""
+    from detectron2.utils import comm
+
+    comm._LOCAL_PROCESS_GROUP = None
+    cache_clear = getattr(getattr(comm, "create_local_process_group", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
