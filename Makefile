@@ -31,12 +31,12 @@ lint: setup
 # Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
 # when a change touches attention, training or the recipe. CI (.ci/run) runs lint, test, then test-learning.
 test: setup
-	$(PY) -m pytest -q -m "not learning and not multimachine" tests
+	$(PY) -m pytest -q -m "not learning" tests
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not learning and not multimachine" tests
+	$(PY) -m pytest -q -m "not slow and not learning" tests
 
-# Two "machines" and torchrun on localhost (gloo): tests/test_multi_machine.py.
+# Two "machines" and torchrun on localhost (gloo), part of `make test` (about 2 minutes): tests/engine/test_multi_machine.py.
 test-multimachine: setup
 	$(PY) -m pytest -q -m multimachine tests
 
@@ -44,7 +44,7 @@ test-multimachine: setup
 test-learning: setup
 	$(PY) -m pytest -q -m learning tests
 
-# Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and paste it into the README.
+# Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and the README's results summary of it.
 docs: setup
 	$(PY) tools/analyze_model.py --all --markdown > docs/model_table.md
 	$(PY) tools/update_readme_table.py

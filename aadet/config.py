@@ -53,8 +53,8 @@ STAGE_NAMES = ("res2", "res3", "res4", "res5")  # ResNet stages a key may name
 NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
 P6P7_SOURCES = ("res5", "p5")  # MODEL.FPN.P6P7_SOURCE
 SASA_STEMS = ("conv", "attention")  # MODEL.SASA.STEM
-#: SOLVER.OPTIMIZER; aadet.engine.optimizer.OPTIMIZERS builds each (tests/test_optimizer.py checks
-#: that it has exactly these).
+#: SOLVER.OPTIMIZER; aadet.engine.optimizer.OPTIMIZERS builds each
+#: (tests/engine/test_optimizer.py checks that it has exactly these).
 OPTIMIZER_NAMES = ("SGD", "AdamW")
 #: The allowed IoU thresholds of a box vote (TEST.BBOX_VOTE.VOTE_TH, aadet.modeling.box_voting),
 #: in words (error messages).

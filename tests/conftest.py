@@ -1,7 +1,9 @@
 """Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
 
-``tools/`` is on the test path (``pythonpath = . tools`` in pytest.ini), so tests import the tools'
-modules (``visualize_detections``, ...) by name.
+The tests mirror the package (``tests/layers`` tests ``aadet/layers``, ...; ``tests/tools`` the
+command-line tools, ``tests/project`` repo-wide checks). Only the checkout is on the test path
+(``pythonpath = .`` in pytest.ini): shared code comes from ``tests.helpers``, and a test loads a
+tool's module with ``tests.helpers.load_tool("visualize_detections")``.
 """
 import os
 
@@ -11,7 +13,7 @@ from aadet.data import prepare_trees as demo_trees
 from aadet.data import register_trees
 from aadet.data.prepare_trees import WHEEL_NAME
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="session")
@@ -71,31 +73,38 @@ def trees_root(wheel):
     return root
 
 
+@pytest.fixture()
+def data_env(trees_root, monkeypatch):
+    """``trees_root``, also as ``$AADET_DATASETS`` (the subprocess trainings read it)."""
+    monkeypatch.setenv("AADET_DATASETS", trees_root)
+    return trees_root
+
+
 # Slow tests in files other parts own, marked here in one place (in a file one owns,
-# `@pytest.mark.slow` on the test does the same, as tests/test_visualize.py does; the trainings
+# `@pytest.mark.slow` on the test does the same, as tests/tools/test_visualize.py does; the trainings
 # that assert an AP are marked `learning` instead, in their files). A node id without "[" marks
 # every parametrization; with "[" it is a prefix of the ids.
 # Seconds: measured in one run of the whole suite on a heavily shared 2-core machine (about 4x
 # the unloaded time); together these were two thirds of the suite's time.
 SLOW_TESTS = {
     # FLOPs and parameters of every config, at the papers' input sizes
-    "tests/test_analysis.py::test_model_table_matches_the_tool": 1038,
+    "tests/analysis/test_analysis.py::test_model_table_matches_the_tool": 1038,
     # builds each of the 10 COCO models (the Demo-size models stay in the fast suite)
-    "tests/test_analysis.py::test_coco_parameter_counts_exact": 125,
-    "tests/test_configs.py::test_config_builds_and_runs[configs/COCO-Detection/": 279,
+    "tests/analysis/test_analysis.py::test_coco_parameter_counts_exact": 125,
+    "tests/config/test_committed_configs.py::test_config_builds_and_runs[configs/COCO-Detection/": 279,
     # subprocess runs of training / benchmarking / evaluation
-    "tests/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
-    "tests/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
-    "tests/test_tta.py::test_training_and_eval_only_report_bbox_tta": 88,
-    "tests/test_ema.py::test_training_and_eval_only_evaluate_the_average": 80,
-    "tests/test_reliability.py::test_kill_and_resume_matches_uninterrupted_run": 93,
-    "tests/test_reliability.py::test_same_seed_same_losses": 42,
-    "tests/test_reliability.py::test_training_from_other_weights_needs_the_explicit_flag": 40,
-    "tests/test_reliability.py::test_two_process_ddp_keeps_ranks_in_sync": 39,
-    "tests/test_reliability.py::test_nonfinite_loss_stops_training_naming_iteration": 14,
-    "tests/test_reliability.py::test_eval_only_refuses_a_checkpoint_of_another_architecture": 13,
+    "tests/analysis/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
+    "tests/engine/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
+    "tests/modeling/test_tta.py::test_training_and_eval_only_report_bbox_tta": 88,
+    "tests/engine/test_ema.py::test_training_and_eval_only_evaluate_the_average": 80,
+    "tests/engine/test_reliability.py::test_kill_and_resume_matches_uninterrupted_run": 93,
+    "tests/engine/test_reliability.py::test_same_seed_same_losses": 42,
+    "tests/engine/test_reliability.py::test_training_from_other_weights_needs_the_explicit_flag": 40,
+    "tests/engine/test_reliability.py::test_two_process_ddp_keeps_ranks_in_sync": 39,
+    "tests/engine/test_reliability.py::test_nonfinite_loss_stops_training_naming_iteration": 14,
+    "tests/engine/test_reliability.py::test_eval_only_refuses_a_checkpoint_of_another_architecture": 13,
     # whole demo models forward in float32 and bf16 (the layers' bf16 tests stay fast)
-    "tests/test_reliability.py::test_bf16_autocast_forward_is_finite_and_close": 48,
+    "tests/engine/test_reliability.py::test_bf16_autocast_forward_is_finite_and_close": 48,
 }
 
 

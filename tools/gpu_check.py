@@ -10,12 +10,12 @@
 Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time budget,
 ``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
 
-1. ``tests``: ``pytest -m cuda`` (``tests/test_cuda.py``: every attention route in fp32 and
+1. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
    under bf16 / fp16 autocast against the float64 brute force on the GPU, and the ``cuda`` cases
    of the other test files, the compiled Triton kernels among them); its junit XML is parsed
    into the report. The stage passes only if CUDA tests ran and all passed: a skipped CUDA test
    fails it (the report lists each skip and its reason). Every test that needs CUDA carries the
-   ``cuda`` marker (``tests/test_gpu_check.py`` checks it), so ``-m cuda`` selects them all.
+   ``cuda`` marker (``tests/tools/test_gpu_check.py`` checks it), so ``-m cuda`` selects them all.
 2. ``configs``: every config under ``configs/`` built on the device and trained ``--iters``
    iterations in fp32 and in bf16 autocast on a synthetic batch (``--size``, ``--batch``), with
    the config's optimizer and LR schedule: every loss and gradient finite, peak memory recorded.

@@ -8,10 +8,10 @@
 
 Each run directory's ``run_summary.json`` (written by every training run) is copied to
 ``docs/runs/<into>/<run directory name>.json`` (``--into``: ``demo``, the default, or ``learning``
-for the learning tests' measurements, ``tests/learning_runs.py``). Then, from the summaries
-(:mod:`aadet.analysis.demo_results`): ``docs/demo_results.json`` and the generated tables of
-``docs/demo_results.md`` and ``README.md`` and the demo column of the model table
-(``docs/model_table.md`` and its copy in the README), from ``docs/runs/demo``; the learning table of
+for the learning tests' measurements, ``tests/helpers/learning_runs.py``). Then, from the summaries
+(:mod:`aadet.analysis.demo_results`): ``docs/demo_results.json``, the generated tables of
+``docs/demo_results.md``, the demo column of the model table (``docs/model_table.md``) and the
+README's results table (its summary), from ``docs/runs/demo``; the learning table of
 ``docs/testing.md``, from ``docs/runs/learning``.
 """
 import argparse
@@ -29,7 +29,7 @@ from aadet.analysis.demo_results import (
     render_variant_table,
     replace_block,
 )
-from aadet.analysis.model_table import MARKDOWN_COMMAND, update_demo_column
+from aadet.analysis.model_table import MARKDOWN_COMMAND, splice_summary, update_demo_column
 from aadet.utils.run_summary import SUMMARY_FILE, load_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ CHOICES = (
 )
 
 
-#: The broken-attention mutations of tests/broken_attention.py, the learning table's columns.
+#: The broken-attention mutations of tests/helpers/broken_attention.py, the learning table's columns.
 MUTATIONS = ("relative_zero", "off_by_one", "uniform")
 #: Where summaries go, by ``--into``.
 KINDS = ("demo", "learning")
@@ -68,21 +68,18 @@ def generated_files(runs_dir: str, repo: str):
                 f.read(), "learning", render_learning_table(learning, MUTATIONS)
             )
     headline = render_results_table(results, DEMOS)
-    for rel in ("docs/demo_results.md", "README.md", "docs/model_table.md"):
-        path = os.path.join(repo, rel)
-        if not os.path.isfile(path):
-            continue
-        with open(path) as f:
-            text = f.read()
-        if rel == "docs/demo_results.md":
-            text = replace_block(text, "headline", headline)
-            text = replace_block(text, "choices", render_variant_table(results, CHOICES))
-        else:
-            if rel == "README.md":
-                text = replace_block(text, "headline", headline)
-            if MARKDOWN_COMMAND in text:  # holds the model table
-                text = update_demo_column(text, results, MARKDOWN_COMMAND)
-        out[path] = text
+    demo_md, table_md = (os.path.join(repo, "docs", n) for n in ("demo_results.md", "model_table.md"))
+    if os.path.isfile(demo_md):
+        with open(demo_md) as f:
+            text = replace_block(f.read(), "headline", headline)
+        out[demo_md] = replace_block(text, "choices", render_variant_table(results, CHOICES))
+    if os.path.isfile(table_md):
+        with open(table_md) as f:
+            out[table_md] = update_demo_column(f.read(), results, MARKDOWN_COMMAND)
+        readme = os.path.join(repo, "README.md")
+        if os.path.isfile(readme):
+            with open(readme) as f:
+                out[readme] = splice_summary(f.read(), out[table_md], results)
     return out
 
 

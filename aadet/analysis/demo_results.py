@@ -4,7 +4,7 @@ Every training figure of the docs comes from here: ``tools/record_demo_results.p
 ``run_summary.json`` of finished runs into ``docs/runs/`` and regenerates, from all of them,
 ``docs/demo_results.json`` (the model table's demo column reads it) and the generated tables of
 ``docs/demo_results.md`` and ``README.md`` (between :data:`BLOCK_BEGIN` / :data:`BLOCK_END`
-markers); ``tests/test_demo_results.py`` checks that the committed files equal a fresh rendering.
+markers); ``tests/project/test_demo_results.py`` checks that the committed files equal a fresh rendering.
 
 Runs are grouped into *entries*: the same config file with the same recipe overrides (the
 command-line options other than :data:`~aadet.utils.run_summary.NOT_RECIPE_KEYS`: output folder,
@@ -31,6 +31,7 @@ __all__ = [
     "entry_name",
     "group_runs",
     "build_demo_results",
+    "stats_cell",
     "render_results_table",
     "render_variant_table",
     "render_learning_table",
@@ -58,7 +59,7 @@ def entry_name(summary: Mapping) -> str:
     """``<config name>`` or ``<config name> KEY=VALUE ...`` (see the module docstring)."""
     config = os.path.splitext(os.path.basename(summary["config_file"]))[0]
     extra = [f"{k}={v}" for k, v in recipe_opts(summary.get("opts", []))]
-    if summary.get("broken_attention"):  # tests/broken_attention.py: attention broken on purpose
+    if summary.get("broken_attention"):  # tests/helpers/broken_attention.py: attention broken on purpose
         extra.append(f"broken={summary['broken_attention']}")
     return " ".join([config, *extra])
 
@@ -144,7 +145,8 @@ def _seed_order(summary: Mapping) -> Tuple[int, int]:
     return (_SEED_ORDER.index(seed) if seed in _SEED_ORDER else len(_SEED_ORDER), seed)
 
 
-def _cell(stats: Optional[Mapping], n: int, digits: int = 1) -> str:
+def stats_cell(stats: Optional[Mapping], n: int, digits: int = 1) -> str:
+    """``mean (min–max)`` of a metric over ``n`` runs; ``mean (1 run)``; ``–`` without runs."""
     if stats is None:
         return "–"
     if n == 1:
@@ -182,10 +184,10 @@ def render_results_table(results: Mapping[str, Mapping], names: Sequence[str]) -
         )
         lines.append(
             f"| `{name}` | {len(e['seeds'])} "
-            f"| {_cell(e.get(TEST, {}).get('AP50'), n_t)} | {_cell(e.get(VAL, {}).get('AP50'), n_v)} "
-            f"| {ratio} | {_cell(e.get(TEST, {}).get('AP'), n_t)} "
-            f"| {_cell(e.get(VAL, {}).get('AP'), n_v)} "
-            f"| {_cell(e['train_minutes'], e['timed_runs']) if e['train_minutes'] else 'CPU shared'} |"
+            f"| {stats_cell(e.get(TEST, {}).get('AP50'), n_t)} | {stats_cell(e.get(VAL, {}).get('AP50'), n_v)} "
+            f"| {ratio} | {stats_cell(e.get(TEST, {}).get('AP'), n_t)} "
+            f"| {stats_cell(e.get(VAL, {}).get('AP'), n_v)} "
+            f"| {stats_cell(e['train_minutes'], e['timed_runs']) if e['train_minutes'] else 'CPU shared'} |"
         )
     return "\n".join(lines) + "\n"
 

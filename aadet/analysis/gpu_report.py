@@ -4,7 +4,7 @@ pytest junit XML -> a test summary, and the stages of ``tools/gpu_check.py`` mer
 
 Everything here is a pure function of dicts / XML text (no CUDA, no model): the GPU machine runs
 the tools, this module reads what they wrote, and CPU unit tests feed it synthetic inputs
-(``tests/test_gpu_check.py``).
+(``tests/tools/test_gpu_check.py``).
 
 The benchmark schema (``docs/benchmarks_cuda.json``, ``"schema": 1``)::
 

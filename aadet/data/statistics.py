@@ -37,7 +37,7 @@ On the demo's tree crowns the rule gives back the hand-tuned demo anchors (16-10
 640 px fields of 150-200 synthetic cells and rods (:mod:`aadet.data.synthetic`, 3-38 px), which the
 demo config's resize shrinks to 0.5-0.75x, the demo conv config reaches AP50 8.8 with its own
 recipe and 57.3 with the suggested one (96 iterations, data seed 0;
-``tests/test_dataset_stats.py::test_suggested_recipe_learns_better`` runs 48: 5.3 and 35.0). On
+``tests/data/test_dataset_stats.py::test_suggested_recipe_learns_better`` runs 48: 5.3 and 35.0). On
 128 px tiles of the same objects, which the demo's resize already enlarges 2.5-3.75x, the two are
 close (94.7 demo, 91.4 suggested, one seed each).
 """

@@ -29,8 +29,8 @@ as soon as the peer's socket closes, NCCL's watchdog after the timeout) is re-ra
 :class:`PeerLostError`, which says what to do next.
 
 The functions from environment variables to a :class:`DistEnv` are pure (the environment is an
-argument): ``tests/test_launch.py`` tests them without processes; ``tests/test_multi_machine.py``
-runs the process paths on one host.
+argument): ``tests/engine/test_launch.py`` tests them without processes;
+``tests/engine/test_multi_machine.py`` runs the process paths on one host.
 """
 import dataclasses
 import gc

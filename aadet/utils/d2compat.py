@@ -1,7 +1,7 @@
 """The only place aadet touches Detectron2 and fvcore internals (names without a public equivalent).
 
 Everything else in aadet uses the public API of both. Each wrapper below names the internal it
-relies on; ``tests/test_d2compat.py`` has a test per internal that fails, naming it, if a
+relies on; ``tests/utils/test_d2compat.py`` has a test per internal that fails, naming it, if a
 Detectron2 or fvcore version changes it. The module sits on the utils floor so that every floor
 that needs an internal (``aadet.config``, ``aadet.modeling``, ``aadet.engine``) imports it from here.
 

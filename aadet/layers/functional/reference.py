@@ -1,6 +1,6 @@
 """Brute-force references: the papers' formulas written out, slow and float64-friendly.
 
-Every implementation in this package is tested against these (``tests/test_*attention*.py``),
+Every implementation in this package is tested against these (``tests/layers/test_*attention*.py``),
 and ``tools/benchmark_layers.py`` times the straightforward ones against ours. Nothing here is
 used by the layers.
 

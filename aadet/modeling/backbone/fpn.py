@@ -61,7 +61,7 @@ def build_retinanet_conv_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN
     """The convolutional baseline: RetinaNet FPN over Detectron2's ResNet.
 
     :func:`~.resnet_stages.build_resnet` with Detectron2's blocks and stem: the same network as
-    Detectron2's ``build_resnet_backbone`` at its depths (``tests/test_resnet_stages.py``), and
+    Detectron2's ``build_resnet_backbone`` at its depths (``tests/modeling/test_resnet_stages.py``), and
     also the SASA paper's conv ResNet-26/38 baselines.
     """
     r = cfg.MODEL.RESNETS

@@ -5,7 +5,7 @@ dilation, groups, ``STRIDE_IN_1X1``, deformable stages, ``FREEZE_AT``, ``OUT_FEA
 points of variation: the stem, and a ``block_for_stage(stage)`` callback that returns the block
 class of one stage and its extra keyword arguments, or ``None`` for Detectron2's own block. With
 ``block_for_stage`` always ``None`` the result equals ``build_resnet_backbone``'s
-(``tests/test_resnet_stages.py`` compares them). ``MODEL.RESNETS.ZERO_INIT_RESIDUAL`` (aadet's
+(``tests/modeling/test_resnet_stages.py`` compares them). ``MODEL.RESNETS.ZERO_INIT_RESIDUAL`` (aadet's
 key, off by default) zeroes the last norm's scale of every block.
 """
 from dataclasses import dataclass

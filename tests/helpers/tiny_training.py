@@ -1,0 +1,27 @@
+"""A tiny training of the demo config in a subprocess (``train_worker.py``), shared by the
+reliability, EMA and test-time augmentation tests."""
+import os
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
+# A tiny, fast variant of the demo: small crops, batch 2, every iteration logged.
+TINY = [
+    "SOLVER.EPOCHS", "0", "SOLVER.STEPS_EPOCHS", "()", "SOLVER.MAX_ITER", "16",
+    "SOLVER.STEPS", "(12,)", "SOLVER.WARMUP_ITERS", "4", "SOLVER.IMS_PER_BATCH", "2",
+    "SOLVER.CHECKPOINT_PERIOD", "6", "SOLVER.LOG_PERIOD", "1",
+    "INPUT.SCALE_JITTER.CROP_SIZE", "128", "INPUT.SCALE_JITTER.LONG_SIDE_RANGE", "(112, 160)",
+    "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()", "MODEL.DEVICE", "cpu",
+]
+
+
+def run_worker(out, *args, opts=(), check=True):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    cmd = [sys.executable, os.path.join(REPO, "tests", "helpers", "train_worker.py"), str(out),
+           "--config-file", DEMO, "--data-root", env.get("AADET_DATASETS", ""), *args, "--", *TINY, *opts]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert p.returncode == 0, p.stderr[-4000:]
+    return p

@@ -1,0 +1,301 @@
+"""The import graph of ``aadet`` has floors and no cycles; tools import only the library.
+
+Floors, lowest first (``/work/shared/STYLE.md``; Detectron2 has the same shape): a module never
+imports one on a higher floor, not even inside a function. Same-floor imports are allowed where
+they form no cycle, neither between modules nor between the packages of a floor.
+
+    0  aadet.layers
+    1  aadet.utils, aadet.config
+    2  aadet.modeling, aadet.data, and ``aadet/__init__.py`` (it imports config and modeling)
+    3  aadet.engine, aadet.export, aadet.analysis
+    4  tools/*.py (each imports aadet and third-party packages, never another tool)
+
+Every module is parsed with ``ast`` (nothing is imported): all ``import`` / ``from ... import``
+statements, at any depth (functions, ``try``, ``if TYPE_CHECKING``), relative ones resolved.
+``from package import name`` is an edge to ``package.name`` when that is a module, else to
+``package``. The parent packages Python runs on the way to a module are not edges.
+"""
+import ast
+import os
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import pytest
+
+from tests.helpers import REPO
+
+PACKAGE = "aadet"
+
+#: Floor of each package of aadet (a module's floor is its package's); a new top-level module or
+#: package must be added here.
+FLOORS: Dict[str, int] = {
+    "aadet.layers": 0,
+    "aadet.utils": 1,
+    "aadet.config": 1,
+    "aadet.modeling": 2,
+    "aadet.data": 2,
+    "aadet.engine": 3,
+    "aadet.export": 3,
+    "aadet.analysis": 3,
+}
+ROOT_FLOOR = 2  # aadet/__init__.py alone (not the modules under it)
+TOOLS_FLOOR = 4
+
+Edge = Tuple[str, str, int]  # (importer, imported, line)
+
+
+# ----------------------------------------------------------------------------- parsing
+def module_files(root: str, package: str) -> Dict[str, str]:
+    """``{dotted module name: file}`` of every ``.py`` file under ``root/package``."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        rel = os.path.relpath(dirpath, root).split(os.sep)
+        for f in sorted(filenames):
+            if f.endswith(".py"):
+                parts = rel + ([] if f == "__init__.py" else [f[:-3]])
+                out[".".join(parts)] = os.path.join(dirpath, f)
+    return out
+
+
+def _resolve_relative(importer: str, is_package: bool, level: int, module: Optional[str]) -> str:
+    parts = importer.split(".")
+    base = parts if is_package else parts[:-1]  # the package the importer lives in
+    if level - 1 > len(base) - 1:
+        raise ValueError(f"{importer}: relative import beyond the top-level package")
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def imports_of(path: str, importer: str, is_package: bool) -> List[Tuple[str, int]]:
+    """``(dotted name, line)`` of every import in a file; ``from a import b`` gives ``a.b``
+    (the caller decides whether that is a module or a name in ``a``)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _resolve_relative(importer, is_package, node.level, node.module)
+            else:
+                base = node.module
+            out += [(f"{base}.{alias.name}" if alias.name != "*" else base, node.lineno)
+                    for alias in node.names]
+    return out
+
+
+def _known(name: str, modules) -> Optional[str]:
+    """The longest prefix of ``name`` that is one of ``modules`` (``a.b.func`` -> ``a.b``)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def aadet_graph(root: str = REPO) -> Tuple[Dict[str, str], List[Edge]]:
+    """``(modules, edges)``: aadet's modules and the imports between them."""
+    modules = module_files(root, PACKAGE)
+    edges = {}
+    for name, path in modules.items():
+        is_package = path.endswith("__init__.py")
+        for target, line in imports_of(path, name, is_package):
+            known = _known(target, modules)
+            if known is not None and known != name:
+                edges.setdefault((name, known, line))
+    return modules, list(edges)
+
+
+def floor_of(module: str) -> Tuple[str, int]:
+    """``(package, floor)`` of an aadet module: its package in :data:`FLOORS`."""
+    if module == PACKAGE:
+        return PACKAGE, ROOT_FLOOR
+    package = _known(module, FLOORS)
+    if package is None:
+        raise KeyError(f"{module} is on no floor: add its package to FLOORS in {__file__}")
+    return package, FLOORS[package]
+
+
+# ----------------------------------------------------------------------------- cycles
+def find_cycles(edges: Sequence[Tuple[str, str]]) -> List[List[str]]:
+    """One cycle ``[a, b, ..., a]`` per strongly connected component with a cycle (Tarjan)."""
+    graph: Dict[str, Set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+        graph[b]
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    components: List[List[str]] = []
+
+    def visit(v: str):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph[v]:
+                components.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_through(comp[0], set(comp), graph) for comp in components]
+
+
+def _cycle_through(start: str, comp: Set[str], graph) -> List[str]:
+    """A shortest path ``start -> ... -> start`` inside one component (breadth first)."""
+    parent = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w == start:
+                    path = [v]  # v, parent of v, ..., start
+                    while parent[path[-1]] is not None:
+                        path.append(parent[path[-1]])
+                    return path[::-1] + [start]
+                if w in comp and w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start}")
+
+
+def _format_cycle(cycle: Sequence[str], lines: Dict[Tuple[str, str], int]) -> str:
+    hops = [f"{a} (line {lines[a, b]})" if (a, b) in lines else a for a, b in zip(cycle, cycle[1:])]
+    return " -> ".join(hops + [cycle[-1]])
+
+
+# ----------------------------------------------------------------------------- checks of aadet
+@pytest.fixture(scope="module")
+def graph():
+    return aadet_graph()
+
+
+def test_every_module_has_a_floor(graph):
+    modules, _ = graph
+    unplaced = [m for m in modules if m != PACKAGE and _known(m, FLOORS) is None]
+    assert not unplaced, f"modules outside every floor (add their package to FLOORS): {unplaced}"
+
+
+def test_no_module_imports_a_higher_floor(graph):
+    modules, edges = graph
+    bad = []
+    for a, b, line in edges:
+        (pa, fa), (pb, fb) = floor_of(a), floor_of(b)
+        if fb > fa:
+            bad.append(f"{modules[a]}:{line}: {a} (floor {fa}, {pa}) imports {b} (floor {fb}, {pb})")
+    assert not bad, "imports from a higher floor:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_modules(graph):
+    _, edges = graph
+    lines = {(a, b): line for a, b, line in edges}
+    cycles = find_cycles([(a, b) for a, b, _ in edges])
+    assert not cycles, "import cycles:\n" + "\n".join(_format_cycle(c, lines) for c in cycles)
+
+
+def test_no_import_cycle_between_packages(graph):
+    """Between the packages of ``FLOORS`` (e.g. ``aadet.engine`` and ``aadet.analysis``): one may
+    import the other, not both."""
+    _, edges = graph
+    pairs, where = [], {}
+    for a, b, line in edges:
+        pa, pb = floor_of(a)[0], floor_of(b)[0]
+        if pa != pb:
+            pairs.append((pa, pb))
+            where.setdefault((pa, pb), f"{a} -> {b}, line {line}")
+    cycles = find_cycles(pairs)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(
+        " => ".join(f"{x} ({where[x, y]})" for x, y in zip(c, c[1:])) + f" => {c[-1]}" for c in cycles
+    )
+
+
+# ----------------------------------------------------------------------------- tools
+def tool_files(root: str = REPO) -> Dict[str, str]:
+    tools = os.path.join(root, "tools")
+    return {f[:-3]: os.path.join(tools, f) for f in sorted(os.listdir(tools)) if f.endswith(".py")}
+
+
+def test_tools_import_the_library_not_each_other():
+    tools = tool_files()
+    bad = []
+    for name, path in tools.items():
+        for target, line in imports_of(path, name, is_package=False):
+            if target.split(".")[0] in tools:
+                bad.append(f"{path}:{line}: tools/{name}.py imports {target} (tools/{target.split('.')[0]}.py)")
+    assert not bad, "tools import other tools (move the shared code into aadet):\n" + "\n".join(bad)
+
+
+def test_the_library_never_imports_a_tool(graph):
+    modules, _ = graph
+    tools = tool_files()
+    bad = [
+        f"{path}:{line}: {name} imports {target}"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if target.split(".")[0] in tools
+    ]
+    assert not bad, "aadet imports tools/ modules:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- the checker itself
+def _write(root, files: Dict[str, str]):
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def test_checker_resolves_relative_and_nested_imports(tmp_path):
+    _write(tmp_path, {
+        "aadet/__init__.py": "from . import modeling\n",
+        "aadet/config.py": "def f():\n    from .modeling.head import HEADS\n",
+        "aadet/modeling/__init__.py": "from .head import HEADS\n",
+        "aadet/modeling/head.py": "from ..config import f\nimport aadet.layers.conv as c\n",
+        "aadet/layers/__init__.py": "",
+        "aadet/layers/conv.py": "try:\n    from aadet import utils\nexcept ImportError:\n    pass\n",
+        "aadet/utils/__init__.py": "",
+    })
+    _, edges = aadet_graph(str(tmp_path))
+    got = {(a, b) for a, b, _ in edges}
+    assert got == {
+        ("aadet", "aadet.modeling"),
+        ("aadet.config", "aadet.modeling.head"),  # inside a function, to a higher floor
+        ("aadet.modeling", "aadet.modeling.head"),
+        ("aadet.modeling.head", "aadet.config"),
+        ("aadet.modeling.head", "aadet.layers.conv"),
+        ("aadet.layers.conv", "aadet.utils"),  # inside try: layers -> utils, a higher floor
+    }
+    assert find_cycles([(a, b) for a, b, _ in edges]) == [
+        ["aadet.config", "aadet.modeling.head", "aadet.config"]
+    ]
+    assert floor_of("aadet.layers.conv") == ("aadet.layers", 0)
+    assert floor_of("aadet.modeling.head") == ("aadet.modeling", 2)
+    assert floor_of("aadet") == ("aadet", ROOT_FLOOR)
+    with pytest.raises(KeyError, match="add its package to FLOORS"):
+        floor_of("aadet.newpackage.module")  # a new top-level package needs its floor
+
+
+def test_cycle_report_is_a_closed_path():
+    cycles = find_cycles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "d"), ("e", "a")])
+    assert sorted(cycles) == [["a", "b", "c", "a"], ["d", "d"]]

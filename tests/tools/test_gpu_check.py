@@ -1,0 +1,546 @@
+"""``tools/gpu_check.py`` and ``aadet/analysis/gpu_report.py`` on CPU: the benchmark JSON ->
+``benchmarks_cuda.json`` conversion with its target verdicts (synthetic benchmark outputs with
+known numbers) and a smoke run's lack of them, the junit parser and the ``tests`` stage's verdict
+(a skipped CUDA test fails it), the stage merge and its refusal of stage files of another
+commit, the demo metrics of two test datasets, the configs stage's ``--device cpu`` dry run on
+one tiny config, and that no CUDA test of the suite hides from ``pytest -m cuda``."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aadet.analysis import gpu_report as gr
+
+from tests.helpers import REPO, load_tool
+
+MIB = 2**20
+ENV = {"device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0"}
+BASE, AA, SASA, FULL = (f"configs/COCO-Detection/{n}.yaml" for n in (
+    "retinanet_R_50_FPN_scratch_150ep", "aa_retinanet_R_50_FPN_scratch_150ep",
+    "sasa_convstem_retinanet_R_50_FPN_scratch_150ep",
+    "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"))
+
+
+def _case(config, amp, train_s, infer_s, train_mib, **extra):
+    return dict(config=config, amp=amp, params=1, env=ENV,
+                train={"median_s": train_s, "peak_bytes": int(train_mib * MIB)},
+                inference={"median_s": infer_s, "peak_bytes": 123}, **extra)
+
+
+def config_report(**top):
+    """What ``tools/benchmark.py --amp both --amp-dtype bfloat16`` writes (the keys gpu_report reads)."""
+    results = [
+        # fp32: AA 1.05x train (pass), 1.21x infer (miss by 0.11), 1.10x memory (pass)
+        _case(BASE, False, 0.200, 0.100, 1000), _case(AA, False, 0.210, 0.121, 1100),
+        _case(SASA, False, 0.280, 0.150, 1500), _case(FULL, False, 0.500, 0.300, 2000),
+        # bf16: AA 1.20x train (miss), SASA 1.5x exactly (pass: <= is inclusive), FULL fails (OOM)
+        _case(BASE, True, 0.100, 0.050, 600), _case(AA, True, 0.120, 0.050, 690),
+        _case(SASA, True, 0.150, 0.070, 800),
+        dict(config=FULL, amp=True, error="CUDA out of memory: tried to allocate 2 GiB"),
+    ]
+    return dict(device="cuda", size=[640, 640], batch=8, warmup=5, iters=20, baseline=BASE, opts=[],
+                env=ENV, results=results, **top)
+
+
+def layer_report(amp, conv_s, fused_s, conv_bytes, fused_bytes, amp_dtype="bfloat16"):
+    """What ``tools/benchmark_layers.py --suite sasa --sizes 80 [--amp --amp-dtype bfloat16]`` writes."""
+    rows = [dict(suite="sasa", kind="layer", impl=impl, side=80, channels=256, median_s=t, cpu_median_s=t,
+                 peak_bytes=m, peak_abs_bytes=m, peak_exact=True)
+            for impl, t, m in (("neighborhood", 4 * conv_s, 3 * conv_bytes), ("fused", fused_s, fused_bytes),
+                               ("unfold", 9 * conv_s, 40 * conv_bytes), ("conv3x3", conv_s, conv_bytes))]
+    out = dict(device="cuda", batch=8, warmup=5, iters=20, amp=amp, env=ENV, reference_check={}, results=rows)
+    if amp:
+        out["amp_dtype"] = amp_dtype
+    return out
+
+
+def _one(rows, **key):
+    hits = [r for r in rows if all(r[k] == v for k, v in key.items())]
+    assert len(hits) == 1, (key, hits)
+    return hits[0]
+
+
+# ----------------------------------------------------------------------------- conversion
+def test_config_rows_values_and_ratios_to_the_same_precision_baseline():
+    rows = gr.config_rows(config_report(), amp_dtype="bfloat16")
+    assert len(rows) == 8
+    aa32 = _one(rows, config="aa_retinanet_R_50_FPN_scratch_150ep", precision="fp32")
+    assert aa32["train_ms"] == pytest.approx(210.0) and aa32["infer_ms"] == pytest.approx(121.0)
+    assert aa32["train_peak_mib"] == pytest.approx(1100.0)
+    assert aa32["train_ms_ratio"] == pytest.approx(1.05)
+    assert aa32["infer_ms_ratio"] == pytest.approx(1.21)
+    assert aa32["train_peak_mib_ratio"] == pytest.approx(1.10)
+    aa16 = _one(rows, config="aa_retinanet_R_50_FPN_scratch_150ep", precision="bf16")
+    # bf16 ratios use the bf16 baseline (0.100 s), not the fp32 one (0.200 s)
+    assert aa16["train_ms_ratio"] == pytest.approx(1.20)
+    assert aa16["train_peak_mib_ratio"] == pytest.approx(1.15)
+    base = _one(rows, config="retinanet_R_50_FPN_scratch_150ep", precision="bf16")
+    assert base["train_ms_ratio"] == base["infer_ms_ratio"] == pytest.approx(1.0)
+    full = _one(rows, config="sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep", precision="bf16")
+    assert full["train_ms"] is None and full["train_ms_ratio"] is None and "out of memory" in full["error"]
+
+
+def test_amp_dtype_comes_from_the_json_first_and_is_required():
+    rows = gr.config_rows(config_report(amp_dtype="float16"), amp_dtype="bfloat16")
+    assert {r["precision"] for r in rows} == {"fp32", "fp16"}
+    with pytest.raises(ValueError, match="amp_dtype"):
+        gr.config_rows(config_report())  # AMP results whose dtype nobody states
+    with pytest.raises(ValueError, match="unknown amp_dtype"):
+        gr.precision_name(True, "int8")
+
+
+def test_layer_rows_ratios_to_the_3x3_conv():
+    rows = gr.layer_rows(layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB))
+    assert [r["layer"] for r in rows] == ["sasa_neighborhood_80", "sasa_fused_80", "sasa_unfold_80",
+                                          "sasa_conv3x3_80"]
+    fused = _one(rows, impl="fused")
+    assert fused["precision"] == "fp32" and fused["side"] == 80 and fused["channels"] == 256
+    assert fused["train_ms"] == pytest.approx(5.0) and fused["train_peak_mib"] == pytest.approx(150.0)
+    assert fused["train_ms_ratio"] == pytest.approx(2.5) and fused["train_peak_mib_ratio"] == pytest.approx(1.5)
+    assert _one(rows, impl="conv3x3")["train_ms_ratio"] == 1.0
+    assert gr.layer_rows(layer_report(True, 0.001, 0.0015, 50, 60))[0]["precision"] == "bf16"
+
+
+def test_benchmarks_cuda_schema_and_target_verdicts():
+    bench = gr.benchmarks_cuda(
+        [config_report()],
+        [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB), layer_report(True, 0.001, 0.0015, 50, 60)],
+        amp_dtype="bfloat16",
+    )
+    assert bench["schema"] == gr.SCHEMA_VERSION and bench["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert bench["size"] == [640, 640] and bench["batch"] == 8 and bench["layer_batch"] == 8
+    assert bench["baseline"] == "retinanet_R_50_FPN_scratch_150ep"
+    for row in bench["configs"]:
+        assert {"train_ms", "infer_ms", "train_peak_mib", "train_ms_ratio", "infer_ms_ratio",
+                "train_peak_mib_ratio"} <= set(row)
+    t = {(v["target"], v["subject"], v["precision"]): v for v in bench["targets"]}
+    aa = "aa_retinanet_R_50_FPN_scratch_150ep"
+    assert t[("AA-R50 RetinaNet train time", aa, "fp32")]["status"] == "pass"
+    miss = t[("AA-R50 RetinaNet inference time", aa, "fp32")]
+    assert miss["status"] == "miss" and miss["value"] == pytest.approx(1.21)
+    assert miss["excess"] == pytest.approx(0.11) and miss["excess_pct"] == pytest.approx(10.0)
+    assert t[("AA-R50 RetinaNet train time", aa, "bf16")]["status"] == "miss"
+    assert t[("AA-R50 RetinaNet train memory", aa, "bf16")]["status"] == "pass"  # 1.15 <= 1.15
+    sasa = t[("SASA attention-backbone RetinaNet train time", "sasa_convstem_retinanet_R_50_FPN_scratch_150ep",
+              "bf16")]
+    assert sasa["status"] == "pass" and sasa["value"] == pytest.approx(1.5)
+    full = "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"
+    oom = t[("SASA all-attention RetinaNet train time", full, "bf16")]
+    assert oom["status"] == "missing" and "out of memory" in oom["note"]
+    # layers: every route of the SASA layer at 80x80 gets its verdict, the 3x3 conv itself none
+    layer_time = {k[1]: v for k, v in t.items() if k[0].endswith("fwd+bwd time vs 3x3 conv") and k[2] == "fp32"}
+    assert set(layer_time) == {"sasa_neighborhood_80", "sasa_fused_80", "sasa_unfold_80"}
+    assert layer_time["sasa_fused_80"]["status"] == "miss"
+    assert layer_time["sasa_fused_80"]["excess_pct"] == pytest.approx(25.0)
+    bf16_mem = t[("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd memory vs 3x3 conv", "sasa_fused_80", "bf16")]
+    assert bf16_mem["status"] == "pass" and bf16_mem["value"] == pytest.approx(1.2)
+    json.dumps(bench)  # machine-readable as is
+    md = gr.render_benchmarks_markdown(bench)
+    assert "NVIDIA H100 80GB HBM3" in md and "**miss** by 0.11 (+10%)" in md and "not measured" in md
+
+
+def test_all_attention_fp32_ratio_is_the_measured_one():
+    rows = gr.config_rows(config_report(), amp_dtype="bfloat16")
+    full = _one(rows, config="sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep", precision="fp32")
+    assert full["train_ms_ratio"] == pytest.approx(2.5)
+    verdicts = gr.evaluate_targets(rows, [])
+    v = _one(verdicts, target="SASA all-attention RetinaNet train time", precision="fp32")
+    assert v["status"] == "miss" and v["excess"] == pytest.approx(0.5) and v["excess_pct"] == pytest.approx(25.0)
+
+
+def test_a_target_without_its_subject_is_missing_not_passed():
+    rows = [r for r in gr.config_rows(config_report(), amp_dtype="bfloat16") if not r["config"].startswith("aa_")]
+    verdicts = gr.evaluate_targets(rows, [])
+    aa = [v for v in verdicts if v["target"].startswith("AA-R50")]
+    assert len(aa) == 6 and all(v["status"] == "missing" and v["note"] == "not measured" for v in aa)
+
+
+def test_reports_of_different_devices_or_sizes_are_refused():
+    other = config_report()
+    other["env"] = dict(ENV, device_name="NVIDIA A100")
+    with pytest.raises(ValueError, match="different devices"):
+        gr.benchmarks_cuda([config_report(), other], amp_dtype="bfloat16")
+    with pytest.raises(ValueError, match="differ in size"):
+        gr.benchmarks_cuda([config_report(), dict(config_report(), size=[320, 320])], amp_dtype="bfloat16")
+    with pytest.raises(ValueError, match="at least one"):
+        gr.benchmarks_cuda([], [])
+
+
+def test_benchmark_configs_and_targets_name_real_configs():
+    for path in gr.BENCHMARK_CONFIGS:
+        assert os.path.isfile(os.path.join(REPO, path)), path
+    names = {gr.config_name(p) for p in gr.BENCHMARK_CONFIGS}
+    for t in gr.TARGETS:
+        assert t.section in ("configs", "layers")
+        if t.section == "configs":
+            assert t.subject in names, t
+    assert gr.config_name(gr.BASELINE_CONFIG) not in {t.subject for t in gr.TARGETS}
+
+
+# ----------------------------------------------------------------------------- junit and merge
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
+ skipped="1" tests="5" time="12.5"><testcase classname="tests.test_cuda" name="test_a[fp32]" time="1"/>
+<testcase classname="tests.test_cuda" name="test_a[bf16]" time="1"><failure message="AssertionError: err 0.3 &gt; 0.05">
+trace</failure></testcase><testcase classname="tests.test_cuda" name="test_b" time="1"/>
+<testcase classname="tests.test_cuda" name="test_c" time="0"><skipped message="needs CUDA"/></testcase>
+<testcase classname="tests.test_cuda" name="test_d" time="0"><error message="fixture 'x' not found"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_parse_junit_counts_and_messages():
+    j = gr.parse_junit(JUNIT)
+    assert (j["tests"], j["passed"], j["failed"], j["errors"], j["skipped"]) == (5, 2, 1, 1, 1)
+    assert j["time_s"] == pytest.approx(12.5)
+    assert j["failures"] == [
+        {"test": "tests.test_cuda::test_a[bf16]", "kind": "failed", "message": "AssertionError: err 0.3 > 0.05"},
+        {"test": "tests.test_cuda::test_d", "kind": "errors", "message": "fixture 'x' not found"},
+    ]
+    assert j["skipped_reasons"] == {"needs CUDA": 1}
+    assert j["skipped_tests"] == [{"test": "tests.test_cuda::test_c", "reason": "needs CUDA"}]
+
+
+def test_merge_stage_results_status_and_markdown():
+    env = dict(ENV, triton="3.6.0", driver="580.159.04, 81559 MiB")
+    tests = {"status": "failed", "junit": gr.parse_junit(JUNIT), "env": env, "elapsed_s": 20, "budget_s": 300}
+    merged = gr.merge_stage_results({"tests": tests})
+    assert merged["status"] == "failed" and merged["stages"]["demo"] == {"status": "not run"}
+    assert merged["env"]["triton"] == "3.6.0"
+    md = gr.render_report_markdown(merged)
+    assert "# aadet GPU check: failed" in md and "NVIDIA H100 80GB HBM3" in md and "580.159.04" in md
+    assert "failed: `tests.test_cuda::test_a[bf16]`: AssertionError: err 0.3 > 0.05" in md
+    assert gr.merge_stage_results({"tests": dict(tests, status="ok")})["status"] == "incomplete"
+    everything = {name: {"status": "ok"} for name in gr.STAGES}
+    assert gr.merge_stage_results(everything)["status"] == "ok"
+    with pytest.raises(ValueError, match="unknown stage"):
+        gr.merge_stage_results({"lint": {"status": "ok"}})
+
+
+def junit_xml(*cases):
+    """A pytest ``--junitxml`` file of ``(name, outcome)`` cases; outcome ``"passed"``,
+    ``"failure"``, ``"error"`` or ``"skipped:<reason>"``."""
+    body = []
+    for name, outcome in cases:
+        kind, _, msg = outcome.partition(":")
+        inner = "" if kind == "passed" else f'<{kind} message="{msg or kind}"/>'
+        body.append(f'<testcase classname="tests.test_cuda" name="{name}" time="1">{inner}</testcase>')
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" time="3">'
+            + "".join(body) + "</testsuite></testsuites>")
+
+
+def test_tests_stage_is_ok_only_when_every_cuda_test_ran_and_passed():
+    ok = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "passed")))
+    assert gr.tests_stage_result(ok, 0) == {"status": "ok"}
+    # one pass and a skip, no failure: still a check that did not happen
+    skipped = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "skipped:needs the triton package"),
+                                       ("test_c", "skipped:needs the triton package")))
+    v = gr.tests_stage_result(skipped, 0)
+    assert v["status"] == "failed"
+    assert "2 CUDA-marked test(s) skipped: needs the triton package (2)" in v["error"]
+    failed = gr.parse_junit(junit_xml(("test_a", "passed"), ("test_b", "failure:AssertionError")))
+    assert gr.tests_stage_result(failed, 1)["error"] == "1 failed, 0 errors"
+    none = gr.parse_junit(junit_xml())
+    assert gr.tests_stage_result(none, 5)["error"] == "no CUDA test ran (none collected)"
+    assert gr.tests_stage_result(gr.parse_junit(junit_xml(("test_a", "passed"))), 3)["error"] == "pytest exit 3"
+    assert "no junit XML (exit timeout)" in gr.tests_stage_result(None, "timeout")["error"]
+    # the report lists every skip with its reason and test
+    stage = dict(gr.tests_stage_result(skipped, 0), junit=skipped)
+    md = gr.render_report_markdown(gr.merge_stage_results({"tests": stage}))
+    assert "## tests: failed" in md and "- skipped (2): needs the triton package" in md
+    assert "`tests.test_cuda::test_b`" in md and "`tests.test_cuda::test_c`" in md
+
+
+def test_a_smoke_run_gets_no_target_verdict():
+    small = dict(config_report(), size=[256, 256], batch=2)
+    layers = [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB), layer_report(True, 0.001, 0.0015, 50, 60)]
+    for layer in layers:
+        layer["batch"] = 2
+    for bench in (gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16", smoke=True),
+                  gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16"),  # other sizes: the same
+                  gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16", smoke=True)):
+        assert bench["comparable"] is False and "defined at 640x640, batch 8" in bench["not_comparable_why"]
+        statuses = {t["status"] for t in bench["targets"]}
+        assert statuses <= {"not comparable", "missing"} and "not comparable" in statuses
+        assert all("excess" not in t for t in bench["targets"])
+        md = gr.render_benchmarks_markdown(bench)
+        assert md.startswith("**Smoke run, not comparable to targets**")
+        verdicts = [line.rsplit("|", 2)[-2].strip() for line in md.splitlines() if line.startswith("| ")
+                    and any(t["target"] in line for t in bench["targets"])]
+        assert verdicts and all(v in (gr.NOT_COMPARABLE, "not measured") or v.startswith("not measured:")
+                                for v in verdicts), verdicts
+        assert "pass" not in md and "miss" not in md.replace("missing", "")
+    assert "images 256x256, batch 2, layer batch 2" in gr.benchmarks_cuda(
+        [small], layers, amp_dtype="bfloat16")["not_comparable_why"]
+    full = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
+    assert full["comparable"] is True and full["not_comparable_why"] is None
+    # the report of a quick run says so in its title
+    stage = {"status": "ok", "quick": True, "benchmarks": gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16")}
+    md = gr.render_report_markdown(gr.merge_stage_results({"benchmarks": stage}))
+    assert md.startswith("# aadet GPU check: incomplete (smoke run, not comparable to targets)")
+
+
+def test_stage_files_of_another_commit_are_refused_or_marked():
+    head, old = "a" * 40, "b" * 40
+    stages = {"tests": {"status": "ok", "commit": head, "dirty": False},
+              "configs": {"status": "ok", "commit": old, "dirty": True},
+              "demo": {"status": "ok"}}  # a file of before commits were recorded
+    files = {"configs": "/x/stage_configs.json", "demo": "/x/stage_demo.json"}
+    with pytest.raises(gr.StaleStageError) as e:
+        gr.stale_stages(stages, head, files=files)
+    msg = str(e.value)
+    assert f"/x/stage_configs.json: ran at commit {old[:12]}, HEAD is {head[:12]}" in msg
+    assert f"/x/stage_demo.json: ran at commit unknown, HEAD is {head[:12]}" in msg
+    assert "stage_tests" not in msg and "--allow-stale" in msg
+    with pytest.raises(gr.StaleStageError, match="HEAD is unknown"):  # no checkout to compare with
+        gr.stale_stages({"tests": stages["tests"]}, None)
+    assert gr.stale_stages({"tests": stages["tests"]}, head) == {}
+    stale = gr.stale_stages(stages, head, allow_stale=True)
+    assert stale == {"configs": {"commit": old, "dirty": True, "head": head},
+                     "demo": {"commit": None, "dirty": None, "head": head}}
+    report = gr.merge_stage_results(stages, stale=stale)
+    assert report["stale_stages"] == ["configs", "demo"] and report["stages"]["configs"]["stale"]["commit"] == old
+    assert "stale" not in report["stages"]["tests"] and "stale" not in stages["configs"]  # inputs untouched
+    md = gr.render_report_markdown(report)
+    assert "# aadet GPU check: incomplete (stale stages from another commit: configs, demo)" in md
+    assert f"**Stale**: ran at commit {old[:12]}" in md and "uncommitted changes" in md
+
+
+# ----------------------------------------------------------------------------- the tool
+TINY = """_BASE_: "{base}"
+MODEL:
+  RESNETS:
+    DEPTH: 18
+    RES2_OUT_CHANNELS: 64
+    NORM: "GN"
+  FPN:
+    OUT_CHANNELS: 32
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    """``tools/gpu_check.py`` as a module (its ``main`` runs in this process; stage workers and
+    tools still run in subprocesses)."""
+    return load_tool("gpu_check")
+
+
+def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() prepends the checkout
+    demo = os.path.join(REPO, "configs", "Demo")
+    bad = tmp_path / "bad.yaml"  # fails validation when built: SASA's kernel must be odd
+    bad.write_text(f'_BASE_: "{demo}/trees_SASA_R_26_slim_FPN.yaml"\nMODEL:\n  SASA:\n    KERNEL_SIZE: 4\n')
+    tiny = tmp_path / "tiny_R_18.yaml"
+    tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_26_slim_FPN.yaml")))
+    out = tmp_path / "report"
+    rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--configs", str(bad), str(tiny),
+                         "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out),
+                         "--work-dir", str(tmp_path / "work")])
+    assert rc == 1  # the report says failed (the bad config) ...
+    stage = json.loads((out / "stage_configs.json").read_text())
+    assert stage["status"] == "failed" and stage["iters"] == 2 and stage["env"]["device"] == "cpu"
+    assert stage["commit"] == gpu_check.checkout_commit()["commit"] and stage["dirty"] in (True, False)
+    assert [(r["config"], r["precision"], r["status"]) for r in stage["results"]] == [
+        ("bad", "fp32", "failed"), ("bad", "bf16", "failed"), ("tiny_R_18", "fp32", "ok"), ("tiny_R_18", "bf16", "ok")]
+    assert all("MODEL.SASA.KERNEL_SIZE" in r["error"] for r in stage["results"][:2])
+    for r in stage["results"][2:]:  # ... and the config after it was still trained
+        assert len(r["losses"]) == 2, r
+        assert all(0.1 < loss < 10 for loss in r["losses"])  # focal + box loss of an untrained RetinaNet
+        assert r["params_without_grad"] == [] and r["params"] > 1_000_000 and r["peak_mib"] > 0
+    # fp32 and bf16 start from the same weights and batch: the first losses agree to bf16 precision
+    fp32, bf16 = stage["results"][2:]
+    assert fp32["first_loss"] != bf16["first_loss"]
+    assert abs(fp32["first_loss"] - bf16["first_loss"]) < 0.05 * fp32["first_loss"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["stages"]["tests"] == {"status": "not run"}
+    md = (out / "report.md").read_text()
+    assert "| `tiny_R_18` | bf16 | ok |" in md and "| `bad` | fp32 | failed |" in md
+
+
+@pytest.mark.parametrize("epochs", [2, 3, 30, 100])
+def test_demo_schedule_is_a_valid_config_for_every_demo_config(gpu_check, epochs):
+    from aadet.engine import apply_epoch_schedule, load_config
+
+    for config in gpu_check.DEMO_CONFIGS:
+        cfg = load_config(os.path.join(REPO, config), gpu_check.demo_schedule(epochs), freeze=False)
+        assert cfg.SOLVER.EPOCHS == epochs and max(cfg.SOLVER.STEPS_EPOCHS) < epochs
+        apply_epoch_schedule(cfg, num_images=62)  # the demo's 62 training tiles
+        # fvcore's MultiStepParamScheduler refuses a step at (or past) the last iteration
+        assert 0 < cfg.SOLVER.STEPS[0] < cfg.SOLVER.STEPS[1] < cfg.SOLVER.MAX_ITER, cfg.SOLVER
+    assert gpu_check.demo_schedule(100)[:4] == ["SOLVER.EPOCHS", "100", "SOLVER.STEPS_EPOCHS", "(75, 90)"]
+
+
+def test_without_cuda_the_tool_says_so(gpu_check, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match="needs a CUDA machine.*--device cpu --stages configs"):
+        gpu_check.main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"stages \['tests'\] need CUDA"):
+        gpu_check.main(["--device", "cpu", "--stages", "tests", "configs", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--demo-epochs must be >= 2"):
+        gpu_check.main(["--device", "cpu", "--stages", "configs", "--demo-epochs", "1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="STAGE=SECONDS"):
+        gpu_check.main(["--device", "cpu", "--stages", "configs", "--budget", "lint=3", "--out", str(tmp_path)])
+
+
+def test_report_only_merges_stage_files_of_separate_runs(gpu_check, tmp_path):
+    env = dict(ENV, triton="3.6.0")
+    head = gpu_check.checkout_commit()["commit"]
+    (tmp_path / "stage_tests.json").write_text(json.dumps(
+        {"status": "ok", "junit": gr.parse_junit(JUNIT.replace('errors="1"', 'errors="0"')), "env": env,
+         "commit": head, "dirty": False}))
+    bench = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
+    (tmp_path / "stage_benchmarks.json").write_text(json.dumps(
+        {"status": "ok", "benchmarks": bench, "env": env, "commit": head, "dirty": True}))
+    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "incomplete"  # configs and demo not run yet
+    assert report["stages"]["benchmarks"]["benchmarks"]["device_name"] == ENV["device_name"]
+    md = (tmp_path / "report.md").read_text()
+    assert "## benchmarks: ok" in md and "## configs: not run" in md and "AA-R50 RetinaNet train time" in md
+    assert f"Commit {head[:12]}, uncommitted changes." in md and report["stale_stages"] == []
+
+
+def test_report_only_refuses_stage_files_of_another_commit(gpu_check, tmp_path, capsys):
+    head = gpu_check.checkout_commit()["commit"]
+    old = "0123456789ab" + "0" * 28
+    (tmp_path / "stage_tests.json").write_text(json.dumps({"status": "ok", "commit": head, "dirty": False}))
+    (tmp_path / "stage_demo.json").write_text(json.dumps({"status": "ok", "commit": old, "dirty": False}))
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--report-only", "--out", str(tmp_path)])
+    msg = str(e.value)
+    assert f"{tmp_path / 'stage_demo.json'}: ran at commit 0123456789ab, HEAD is {head[:12]}" in msg
+    assert "stage_tests.json" not in msg and not (tmp_path / "report.json").exists()
+    assert gpu_check.main(["--report-only", "--allow-stale", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stale_stages"] == ["demo"] and report["stages"]["demo"]["stale"]["head"] == head
+    assert "stale stages from another commit: demo" in (tmp_path / "report.md").read_text()
+    assert "(stale: demo)" in capsys.readouterr().out
+
+
+def test_tests_stage_of_the_tool_fails_on_a_skipped_cuda_test(gpu_check, tmp_path, monkeypatch):
+    # pytest itself is replaced by a fake that writes the junit XML a GPU machine without Triton would
+    ran = []
+
+    def fake_run(cmd, timeout, log_path=None, env=None):
+        ran.append(cmd)
+        junit = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
+        with open(junit, "w") as f:
+            f.write(junit_xml(("test_cuda::test_a", "passed"),
+                              ("test_aa_kernels::test_triton_cuda", "skipped:triton is not installed")))
+        return 0, "1 passed, 1 skipped"
+
+    monkeypatch.setattr(gpu_check, "_run", fake_run)
+    args = gpu_check.build_parser().parse_args(["--work-dir", str(tmp_path)])
+    args.work_dir = str(tmp_path)
+    out = gpu_check.stage_tests(args, gpu_check.Budget(60))
+    assert ran[0][1:5] == ["-m", "pytest", "-m", "cuda"]
+    assert out["status"] == "failed" and out["exit"] == 0
+    assert out["error"] == "1 CUDA-marked test(s) skipped: triton is not installed (1)"
+    assert out["junit"]["skipped_tests"] == [{"test": "tests.test_cuda::test_aa_kernels::test_triton_cuda",
+                                              "reason": "triton is not installed"}]
+
+
+DEMO_SETS = ("trees_val", "trees_test")
+
+
+def _write_metrics(folder, rows):
+    (folder / "metrics.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_demo_metrics_of_both_test_datasets_are_read_and_an_untrained_model_fails(gpu_check, tmp_path):
+    # Detectron2 names each dataset's metrics when a run evaluates several (DATASETS.TEST of the demo)
+    evals = {"trees_val/bbox/AP": 3.5, "trees_val/bbox/AP50": 12.0, "trees_val/bbox/AP75": 1.0,
+             "trees_test/bbox/AP": 2.0, "trees_test/bbox/AP50": 8.0, "trees_test/bbox/AP75": 0.5}
+    rows = [{"iteration": 19, "total_loss": 2.5}, {"iteration": 39, "total_loss": 1.25}, dict(iteration=39, **evals)]
+    _write_metrics(tmp_path, rows)
+    m = gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    assert m == {"metrics": {"trees_val": {"AP": 3.5, "AP50": 12.0, "AP75": 1.0},
+                             "trees_test": {"AP": 2.0, "AP50": 8.0, "AP75": 0.5}},
+                 "iters": 40, "first_loss": 2.5, "last_loss": 1.25}
+    stage = {"status": "ok", "results": [dict(m, config="trees_R_26_slim_FPN", status="ok", elapsed_s=60)]}
+    md = gr.render_report_markdown(gr.merge_stage_results({"demo": stage}))
+    assert "| Config | Status | Iters | trees_val AP | trees_val AP50 | trees_test AP | trees_test AP50 |" in md
+    assert "| `trees_R_26_slim_FPN` | ok | 40 | 3.50 | 12.00 | 2.00 | 8.00 | 2.500 | 1.250 | 60 |" in md
+    # a run that evaluated one dataset writes plain bbox/ keys
+    _write_metrics(tmp_path, rows[:2] + [{"iteration": 39, "bbox/AP": 3.5, "bbox/AP50": 12.0, "bbox/AP75": 1.0}])
+    assert gpu_check._read_metrics(str(tmp_path), ("trees_val",))["metrics"] == {
+        "trees_val": {"AP": 3.5, "AP50": 12.0, "AP75": 1.0}}
+    _write_metrics(tmp_path, rows[:2] + [dict(rows[2], **{"trees_test/bbox/AP": float("nan")})])  # no detections
+    with pytest.raises(RuntimeError, match="trees_test: AP is not a number.*no detections"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    _write_metrics(tmp_path, rows[:2] + [{k: v for k, v in rows[2].items() if not k.startswith("trees_test")}])
+    with pytest.raises(RuntimeError, match="trees_test: .*no bbox/AP50 row"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+    _write_metrics(tmp_path, rows[:1])
+    with pytest.raises(RuntimeError, match="trees_val: .*not evaluated"):
+        gpu_check._read_metrics(str(tmp_path), DEMO_SETS)
+
+
+def test_demo_configs_evaluate_val_and_test(gpu_check):
+    for config in gpu_check.DEMO_CONFIGS:
+        assert gpu_check.demo_test_datasets(config) == DEMO_SETS, config
+
+
+# ----------------------------------------------------------------------------- the cuda marker
+PROBE = """
+import json, os
+
+import torch
+
+# Decided before any test module is imported: skipif conditions are evaluated at import.
+_CUDA = os.environ["AADET_PROBE_CUDA"] == "1"
+torch.cuda.is_available = lambda: _CUDA
+torch.cuda.device_count = lambda: int(_CUDA)
+
+import pytest
+from _pytest.skipping import evaluate_skip_marks
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    out = {}
+    for item in items:
+        skip = evaluate_skip_marks(item)
+        out[item.nodeid] = {"skip": None if skip is None else skip.reason,
+                            "cuda": item.get_closest_marker("cuda") is not None}
+    with open(os.environ["AADET_PROBE_OUT"], "w") as f:
+        json.dump(out, f)
+"""
+
+
+def _collect(tmp_path, cuda: bool) -> dict:
+    """Every test of the suite: ``{nodeid: {"skip": reason or None, "cuda": marked}}`` with
+    ``torch.cuda.is_available()`` answering ``cuda`` in the collecting process."""
+    out = tmp_path / f"collected_{int(cuda)}.json"
+    env = dict(os.environ, AADET_PROBE_CUDA=str(int(cuda)), AADET_PROBE_OUT=str(out),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           "-p", "cuda_probe", "tests"]
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and out.exists(), (
+        f"collecting the suite ({'with' if cuda else 'without'} CUDA) failed; its tests are unchecked:\n"
+        + run.stdout[-3000:] + run.stderr[-2000:])
+    return json.loads(out.read_text())
+
+
+def test_every_test_that_skips_without_cuda_is_marked_cuda(tmp_path):
+    # `make gpu-check` runs `pytest -m cuda`: a CUDA-only test without the marker would never run
+    # there, and the report would not know. Collect the whole suite twice, with torch saying there
+    # is no GPU and that there is one: whatever is skipped only in the first must be marked.
+    (tmp_path / "cuda_probe.py").write_text(textwrap.dedent(PROBE))
+    without, with_cuda = _collect(tmp_path, False), _collect(tmp_path, True)
+    needs_cuda = {t for t, v in without.items() if v["skip"] and not with_cuda.get(t, {"skip": "absent"})["skip"]}
+    needs_cuda |= set(with_cuda) - set(without)  # collected only where CUDA is
+    unmarked = sorted(t for t in needs_cuda if not with_cuda[t]["cuda"])
+    assert not unmarked, f"tests that need CUDA without @pytest.mark.cuda (hidden from pytest -m cuda): {unmarked}"
+    # the check sees the CUDA tests: the whole of test_cuda.py and the kernels' GPU cases
+    assert any(t.startswith("tests/layers/test_cuda.py::") for t in needs_cuda)
+    assert "tests/layers/test_local_attention.py::test_cuda_half_autocast[dtype0]" in needs_cuda
+    assert any(t.startswith("tests/layers/test_aa_kernels.py::test_triton_cuda") for t in needs_cuda)
+
