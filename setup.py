@@ -12,6 +12,7 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["aadet", "aadet.*"]),
+    package_data={"aadet.layers.functional.backends": ["csrc/*.cpp"]},
     python_requires=">=3.8",
     install_requires=[
         "torch>=2.1",
@@ -34,6 +35,8 @@ setup(
         "omegaconf>=2.1",
         "hydra-core>=1.1",
         "packaging",
+        # builds the SASA C++ CPU kernel on first use (with the system's g++; see sasa_cpp.py)
+        "ninja",
     ],
     extras_require={
         "dev": ["pytest>=7", "onnx>=1.15", "onnxruntime>=1.17", "ruff>=0.5"],

@@ -152,7 +152,8 @@ def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
                         c["skipped"] = f"needs ~{need / 2 ** 30:.1f} GiB > --max-naive-gib"
                     cases.append(c)
         if "sasa" in suites:
-            for impl in ("neighborhood", "fused") + kernels + ("unfold", "conv3x3"):
+            cpu_kernels = () if cuda else ("cpp",)
+            for impl in ("neighborhood", "fused") + cpu_kernels + kernels + ("unfold", "conv3x3"):
                 cases.append(
                     dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
                 )
@@ -193,7 +194,7 @@ def _make_work(case, batch, device, dtype):
         elif case["impl"] == "conv3x3":
             mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
         else:
-            impl = case["impl"] if case["impl"] in ("neighborhood", "fused", "triton") else "auto"
+            impl = case["impl"] if case["impl"] in ("neighborhood", "fused", "cpp", "triton") else "auto"
             mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS, impl=impl)
         mod = mod.to(device=device, dtype=dtype)
         params = list(mod.parameters())
@@ -237,6 +238,7 @@ _LABELS = {
     ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
     ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
     ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
+    ("sasa", "layer", "cpp"): "LocalSelfAttention2d, ours (C++ kernel)",
     ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
     ("sasa", "layer", "unfold"): "naive unfold attention",
     ("sasa", "layer", "conv3x3"): "3x3 conv",

@@ -15,7 +15,8 @@
 #     dependencies and unpack its pure-Python files into the environment's site-packages. On Python
 #     other than 3.10 its compiled `detectron2._C` does not load; RetinaNet does not need it and COCO
 #     evaluation falls back to pycocotools. Set AADET_DETECTRON2=skip to fail instead of using it.
-#  3. aadet itself, editable, with its test dependencies.
+#  3. aadet itself, editable, with its test dependencies, and its C++ CPU kernel for SASA (built
+#     with g++ and ninja; where that fails SASA on CPU takes a slower pure-PyTorch route).
 #
 # Machines without a package index (cluster nodes, air-gapped GPU machines):
 #  * AADET_WHEELHOUSE=DIR (or --wheelhouse DIR): every pip install runs with
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) WHEELHOUSE=${2:?--wheelhouse needs a DIR}; shift 2 ;;
     --system-site) SYSTEM_SITE=1; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "[setup] unknown option $1 (see --help)" >&2; exit 2 ;;
     *) [ $POSITIONAL = 0 ] || { echo "[setup] one VENV_DIR only; got also $1" >&2; exit 2; }
        VENV=$1; POSITIONAL=1; shift ;;
@@ -135,5 +136,9 @@ fi
 
 # aadet (with the offline route's pins as constraints, so nothing upgrades past them).
 "${PIP[@]}" "${CONSTRAINTS[@]}" -e ".[dev]"
+# The SASA C++ CPU kernel (aadet/layers/functional/backends/csrc): compiled here once for this CPU
+# and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Without g++ SASA on CPU
+# falls back to the slower pure-PyTorch route, so a failed build does not fail the setup.
+"$PY" -m aadet.layers.functional.backends.sasa_cpp || echo "[setup] SASA C++ kernel not built (see above)"
 touch "$VENV/.aadet-setup-done"
 echo "[setup] done: $("$PY" -c 'import aadet, detectron2, torch; print("aadet", aadet.__version__, "| detectron2", detectron2.__version__, "| torch", torch.__version__)' 2>/dev/null)"

@@ -125,7 +125,7 @@ def test_similar_config_keys():
         ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
         ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
         ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none')"),
-        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'fused', 'materialized', 'triton')"),
+        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'cpp', 'fused', 'materialized', 'triton')"),
         ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
     ],
 )

@@ -43,7 +43,7 @@ CASES = [  # (H, W, kernel_size, block_size)
 ]
 
 
-IMPLS = ["neighborhood", "materialized", "fused"]
+IMPLS = ["neighborhood", "cpp", "materialized", "fused"]
 
 
 @pytest.mark.parametrize("h,w,ks,bs", CASES)
@@ -66,7 +66,7 @@ def test_unfold_reference_matches_brute_force(h, w, ks, bs):
     torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", ["neighborhood", "fused", "auto"])
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused", "auto"])
 def test_float32_matches_brute_force(impl):
     q, k, v, rh, rw = _inputs(1, 3, 11, 6, 8, 8, 7, dtype=torch.float32)
     out = local_self_attention_2d(q, k, v, rh, rw, 7, block_size=4, impl=impl)
@@ -145,7 +145,7 @@ def test_gradcheck(impl):
     assert torch.autograd.gradcheck(fn, args, atol=1e-7)
 
 
-@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
 def test_gradients_match_brute_force(impl):
     q, k, v, rh, rw = _inputs(1, 2, 5, 4, 4, 3, 5)
     a = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
@@ -157,7 +157,7 @@ def test_gradients_match_brute_force(impl):
         torch.testing.assert_close(ta.grad, tb.grad, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
 def test_large_logits_float32_still_exact(impl):
     # logits of a few hundred: masks (-inf / the finite -1e4) must still exclude out-of-window keys.
     q, k, v, rh, rw = _inputs(1, 2, 6, 7, 8, 4, 3, dtype=torch.float32, scale=6.0)
@@ -167,7 +167,7 @@ def test_large_logits_float32_still_exact(impl):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["neighborhood", "fused"])
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
 def test_bf16_autocast_finite_and_close_to_float32(impl):
     # bf16 q, k, v, as the layer's 1x1 projections produce them under autocast.
     q, k, v, rh, rw = _inputs(2, 2, 9, 10, 16, 16, 7, dtype=torch.float32, scale=2.5)
@@ -187,15 +187,16 @@ def test_bf16_autocast_finite_and_close_to_float32(impl):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-def test_neighborhood_gradients_for_a_subset_of_inputs():
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp"])
+def test_gradients_for_a_subset_of_inputs(impl):
     # Only some inputs need gradients (e.g. frozen projections): the others get None, and the
-    # ones asked for equal the full computation's.
+    # ones asked for equal the full computation's (the routes with their own backward).
     q, k, v, rh, rw = _inputs(1, 2, 5, 6, 4, 3, 3)
     full = [t.clone().requires_grad_(True) for t in (q, k, v, rh, rw)]
-    local_self_attention_2d(*full, 3, impl="neighborhood").sum().backward()
+    local_self_attention_2d(*full, 3, impl=impl).sum().backward()
     for i in range(5):
         part = [t.clone().requires_grad_(j == i) for j, t in enumerate((q, k, v, rh, rw))]
-        local_self_attention_2d(*part, 3, impl="neighborhood").sum().backward()
+        local_self_attention_2d(*part, 3, impl=impl).sum().backward()
         torch.testing.assert_close(part[i].grad, full[i].grad, rtol=0, atol=1e-12)
         assert all(part[j].grad is None for j in range(5) if j != i)
 

@@ -21,8 +21,11 @@ here: the caller scales ``q``.
 ``backends/``, all exact (tested against
 :func:`~aadet.layers.functional.reference.local_self_attention_2d_reference`):
 
-* ``"neighborhood"`` (:mod:`.backends.sasa_neighborhood`, the CPU default): offset by offset
-  with its own backward; stores only the ``k^2`` attention weights per pixel;
+* ``"cpp"`` (:mod:`.backends.sasa_cpp`, the CPU default): a C++ kernel that visits the window
+  once per query row and pass, vectorized along the row, compiled on first use;
+* ``"neighborhood"`` (:mod:`.backends.sasa_neighborhood`, the CPU fallback where the C++ kernel
+  does not build): offset by offset with its own backward; stores only the ``k^2`` attention
+  weights per pixel;
 * ``"fused"`` / ``"materialized"`` (:mod:`.backends.sasa_halo`): blocked with halos, the logits'
   position and mask terms as query-side tables added inside fused SDPA (the CUDA default) or an
   explicit float32 softmax (plain tensor ops: the route ``"auto"`` takes under tracing / ONNX
@@ -38,6 +41,8 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from .backends import sasa_cpp
+from .backends.sasa_cpp import cpp_local_attention
 from .backends.sasa_halo import halo_local_attention_fused, halo_local_attention_materialized
 from .backends.sasa_neighborhood import neighborhood_local_attention
 from .checks import check_block_size, check_impl, check_local_attention
@@ -70,6 +75,8 @@ class LocalAttentionBackend(NamedTuple):
 #: ``impl`` name -> implementation (one file each; adding one is one file and one line here).
 LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
     "neighborhood": LocalAttentionBackend(neighborhood_local_attention),
+    # C++ kernel, one pass over the window per query row (CPU; compiled on first use).
+    "cpp": LocalAttentionBackend(cpp_local_attention),
     "fused": LocalAttentionBackend(halo_local_attention_fused, blocked=True),
     "materialized": LocalAttentionBackend(halo_local_attention_materialized, blocked=True),
     # Fused Triton kernels: online softmax over the window, q.r in-kernel, only out + logsumexp
@@ -83,12 +90,19 @@ LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
 LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)
 
 
-def auto_local_attention_impl(q: torch.Tensor) -> str:
+def auto_local_attention_impl(q: torch.Tensor, kernel_size: int = 7) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
-    (plain tensor ops only), else ``"fused"`` on CUDA and ``"neighborhood"`` elsewhere."""
+    (plain tensor ops only), ``"fused"`` on CUDA, and on CPU the C++ kernel ``"cpp"`` where it
+    builds and takes ``kernel_size`` (the fastest exact CPU route: 0.76-0.93x a 3x3 conv's
+    training time against 2.0-2.1x for ``"neighborhood"``, BENCHMARKS.md), else ``"neighborhood"``
+    (with one warning saying why)."""
     if is_exporting():
         return "materialized"
-    return "fused" if q.device.type == "cuda" else "neighborhood"
+    if q.device.type == "cuda":
+        return "fused"
+    if kernel_size <= sasa_cpp.MAX_KERNEL_SIZE and sasa_cpp.available():
+        return "cpp"
+    return "neighborhood"
 
 
 def local_self_attention_2d(
@@ -116,7 +130,8 @@ def local_self_attention_2d(
             value gives the same result, it trades the ``((b + 2r) / b)^2`` halo copies against
             the ``(b + 2r)^2`` keys every query of a tile scores.
         impl: one of :data:`LOCAL_ATTENTION_IMPLS`: ``"neighborhood"`` (offset by offset,
-            float32 softmax), ``"fused"`` (blocked, SDPA), ``"materialized"`` (blocked, explicit
+            float32 softmax), ``"cpp"`` (C++ kernel, one pass over the window; CPU, ``kernel_size``
+            up to 15), ``"fused"`` (blocked, SDPA), ``"materialized"`` (blocked, explicit
             float32 softmax), ``"triton"`` (fused Triton kernels; CUDA) or ``"auto"``
             (:func:`auto_local_attention_impl`).
 
@@ -126,7 +141,9 @@ def local_self_attention_2d(
     check_local_attention(q, k, v, rel_h, rel_w, kernel_size)
     check_block_size(block_size)
     check_impl(impl, LOCAL_ATTENTION_IMPLS)
-    backend = LOCAL_ATTENTION_BACKENDS[auto_local_attention_impl(q) if impl == "auto" else impl]
+    if impl == "auto":
+        impl = auto_local_attention_impl(q, kernel_size)
+    backend = LOCAL_ATTENTION_BACKENDS[impl]
     if backend.blocked:
         return backend.fn(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size)
     return backend.fn(q, k, v, rel_h, rel_w, kernel_size)

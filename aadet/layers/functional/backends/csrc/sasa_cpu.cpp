@@ -1,0 +1,462 @@
+// SASA local attention on CPU, one pass over the window per query row: the "cpp" route.
+//
+// Maps are channels-first per (batch x head) slice n: q, k [N, dk, H, W], v [N, dv, H, W]. For a
+// query row y every loop runs along x in SIMD vectors of VL = 32 bytes, with the window's K
+// column offsets (or a block of channels) held in registers while the loop over channels (or
+// offsets) streams through L1, so no intermediate goes to memory between two multiply-adds. The
+// window offset o = a * K + c (key (y + a - r, x + c - r)) is visited once per row and pass.
+// Out-of-map keys are never scored: rows outside the map are skipped, columns outside it are
+// outside the clipped x range and get probability exactly 0 (no -inf in the arithmetic).
+//
+// Internally every map is padded along x to Wp = Wq + 2r (Wq = W rounded up to VL), r zeros on
+// the left, so that a query at x and its key at offset c sit at [r + x] and [x + c], and a key at
+// x and the query seeing it at offset c at [r + x] and [x + 2r - c]; every vector load is in
+// bounds and the padding contributes zeros.
+//
+//   forward(q, k, v, row, col, K) -> (out [N, dv, H, W], probs [N, K*K, H, Wp], qp, kp, vp)
+//     row, col [N, K, H, W]: the q . rel_h / q . rel_w logit terms (computed by the caller), or
+//     empty tensors (no positional term); qp, kp, vp: the padded inputs, kept for backward.
+//   pad(g, K) -> gp: a map in the padded layout (the output gradient, for both backward passes)
+//   backward_q(gp, kp, vp, probs, W, K) -> (gq [N, dk, H, W] (content term), glogits like probs)
+//   backward_kv(gp, qp, probs, glogits, W, K) -> (gk [N, dk, H, W], gv [N, dv, H, W])
+//
+// Rows are independent: at::parallel_for over the N * H query rows (forward, backward_q) or key
+// rows (backward_kv), so no two threads write one row. float32 and float64; K odd, 1..15.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kVecBytes = 32;
+constexpr int kChannelBlock = 8;  // channels accumulated in registers at once
+
+template <typename T>
+struct Vec {
+  static constexpr int L = kVecBytes / sizeof(T);
+  typedef T type __attribute__((vector_size(kVecBytes)));
+  static inline type load(const T* p) {
+    type v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static inline void store(T* p, type v) { std::memcpy(p, &v, sizeof(v)); }
+  static inline type zero() { return type{} ; }
+};
+
+// exp over n (a multiple of VL) values in place. float: Cephes' expf polynomial on vectors
+// (range reduction by ln 2, relative error ~1e-7, inputs clamped to [-87, 88]); float64 (the
+// exactness tests): std::exp.
+inline void exp_inplace(float* x, int64_t n) {
+  using V = Vec<float>;
+  typedef int32_t vi __attribute__((vector_size(kVecBytes)));
+  const V::type lo = V::type{} - 87.0f, hi = V::type{} + 88.0f;
+  for (int64_t i = 0; i < n; i += V::L) {
+    V::type v = V::load(x + i);
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    V::type fx = v * 1.44269504088896341f + 0.5f;
+    V::type t = __builtin_convertvector(__builtin_convertvector(fx, vi), V::type);
+    t = t + __builtin_convertvector((vi)(t > fx), V::type);  // floor: -1 where truncation rounded up
+    V::type f = v - t * 0.693359375f + t * 2.12194440e-4f;
+    V::type y = V::type{} + 1.9875691500E-4f;
+    y = y * f + 1.3981999507E-3f;
+    y = y * f + 8.3334519073E-3f;
+    y = y * f + 4.1665795894E-2f;
+    y = y * f + 1.6666665459E-1f;
+    y = y * f + 5.0000001201E-1f;
+    y = y * f * f + f + 1.0f;
+    vi e = (__builtin_convertvector(t, vi) + 127) << 23;
+    V::type scale;
+    std::memcpy(&scale, &e, sizeof(scale));
+    V::store(x + i, y * scale);
+  }
+}
+
+inline void exp_inplace(double* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+struct Geometry {
+  int64_t N, H, W, K, r, Wq, Wp;
+  Geometry(int64_t N_, int64_t H_, int64_t W_, int64_t K_, int64_t vl)
+      : N(N_), H(H_), W(W_), K(K_), r(K_ / 2), Wq((W_ + vl - 1) / vl * vl), Wp(Wq + 2 * (K_ / 2)) {}
+  // Queries x in [x0, x1) whose key at column offset c lies inside the map.
+  inline void clip(int64_t c, int64_t& x0, int64_t& x1) const {
+    x0 = std::max<int64_t>(0, r - c);
+    x1 = std::min<int64_t>(W, W + r - c);
+  }
+};
+
+// acc[c] (x in [xb, xb + VL)) = sum_d A[d * sa + x] * B[d * sb + x + c], c < K.
+template <typename T, int K>
+inline void window_dot(const T* A, int64_t sa, const T* B, int64_t sb, int64_t D, int64_t xb,
+                       typename Vec<T>::type* acc) {
+  using V = Vec<T>;
+#pragma GCC unroll 16
+  for (int c = 0; c < K; ++c) acc[c] = V::zero();
+  for (int64_t d = 0; d < D; ++d) {
+    const typename V::type a = V::load(A + d * sa + xb);
+    const T* b = B + d * sb + xb;
+#pragma GCC unroll 16
+    for (int c = 0; c < K; ++c) acc[c] += a * V::load(b + c);
+  }
+}
+
+// out[d * so + x] = sum_{rows a in rows, c < K} P[a][c * sp + x] * B[a][d * sb + x + shift(c)]
+// for channels d in [d0, d0 + DB), x in [xb, xb + VL). shift(c) = c (forward: keys of a query)
+// or 2r - c (backward: queries of a key); P[a] and B[a] are per window row.
+template <typename T, int K, int DB, bool kReverse>
+inline void window_sum(const T* const* P, int64_t sp, const T* const* B, int64_t sb, int nrows,
+                       int64_t d0, int64_t xb, typename Vec<T>::type* acc) {
+  using V = Vec<T>;
+#pragma GCC unroll 8
+  for (int dd = 0; dd < DB; ++dd) acc[dd] = V::zero();
+  for (int a = 0; a < nrows; ++a) {
+    const T* pa = P[a] + xb;
+    const T* ba = B[a] + d0 * sb + xb;
+    // Not unrolled: the DB channel pointers, not K * DB addresses, stay in registers.
+#pragma GCC unroll 1
+    for (int c = 0; c < K; ++c) {
+      const int64_t shift = kReverse ? (K - 1 - c) : c;
+      const typename V::type p = V::load(pa + c * sp + (kReverse ? shift : 0));
+      const T* b = ba + shift;
+#pragma GCC unroll 8
+      for (int dd = 0; dd < DB; ++dd) {
+        acc[dd] += p * V::load(b);
+        b += sb;
+      }
+    }
+  }
+}
+
+// Store VL lanes, or only the first n (< VL) of them at the map's right edge.
+template <typename T>
+inline void store_lanes(T* dst, typename Vec<T>::type v, int64_t n) {
+  if (n >= Vec<T>::L) {
+    Vec<T>::store(dst, v);
+  } else {
+    T tmp[Vec<T>::L];
+    Vec<T>::store(tmp, v);
+    std::memcpy(dst, tmp, n * sizeof(T));
+  }
+}
+
+// Weighted sum over the window for channels [0, D) of one row: dst[d * sd + x], x < W.
+//   kReverse false: dst = sum_{a,c} P[a][c * sp + x] * B[a][d * sb + x + c]
+//   kReverse true:  dst = sum_{a,c} P[a][c * sp + x + 2r - c] * B[a][d * sb + x + 2r - c]
+template <typename T, int K, bool kReverse>
+void window_sum_row(const T* const* P, int64_t sp, const T* const* B, int64_t sb, int nrows,
+                    int64_t D, T* dst, int64_t sd, const Geometry& geo) {
+  using V = Vec<T>;
+  typename V::type acc[kChannelBlock];
+  int64_t d0 = 0;
+  for (; d0 + kChannelBlock <= D; d0 += kChannelBlock) {
+    for (int64_t xb = 0; xb < geo.W; xb += V::L) {
+      window_sum<T, K, kChannelBlock, kReverse>(P, sp, B, sb, nrows, d0, xb, acc);
+      for (int dd = 0; dd < kChannelBlock; ++dd)
+        store_lanes<T>(dst + (d0 + dd) * sd + xb, acc[dd], geo.W - xb);
+    }
+  }
+  for (; d0 < D; ++d0) {
+    for (int64_t xb = 0; xb < geo.W; xb += V::L) {
+      window_sum<T, K, 1, kReverse>(P, sp, B, sb, nrows, d0, xb, acc);
+      store_lanes<T>(dst + d0 * sd + xb, acc[0], geo.W - xb);
+    }
+  }
+}
+
+template <typename T, int K>
+void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T* col, T* out,
+                    T* probs, int64_t dk, int64_t dv, const Geometry& geo) {
+  using V = Vec<T>;
+  const int64_t H = geo.H, W = geo.W, r = geo.r, Wq = geo.Wq, Wp = geo.Wp;
+  const int64_t HWp = H * Wp, HW = H * W, KK = K * K;
+  at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
+    // This row's window: logits, then probabilities, per offset o at L + o * Wp (x at [r + x]).
+    std::vector<T> Lbuf(KK * Wp), mx(Wq), sum(Wq);
+    T* L = Lbuf.data();
+    typename V::type acc[K];
+    for (int64_t ny = begin; ny < end; ++ny) {
+      const int64_t n = ny / H, y = ny % H;
+      const T* qrow = qp + n * dk * HWp + y * Wp + r;
+      T* rows_of[K];  // the in-map window rows' logits (query x at [x])
+      const T* vrow[K];
+      int nrows = 0;
+      std::fill(Lbuf.begin(), Lbuf.end(), T(0));
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<T>::max());
+      for (int a = 0; a < K; ++a) {
+        const int64_t yy = y + a - r;
+        if (yy < 0 || yy >= H) continue;
+        T* La = L + a * K * Wp + r;
+        const T* krow = kp + n * dk * HWp + yy * Wp;
+        for (int64_t xb = 0; xb < Wq; xb += V::L) {
+          window_dot<T, K>(qrow, HWp, krow, HWp, dk, xb, acc);
+          for (int c = 0; c < K; ++c) V::store(La + c * Wp + xb, acc[c]);
+        }
+        for (int c = 0; c < K; ++c) {
+          T* Lo = La + c * Wp;
+          int64_t x0, x1;
+          geo.clip(c, x0, x1);
+          std::fill(Lo, Lo + x0, T(0));
+          std::fill(Lo + x1, Lo + Wq, T(0));
+          if (row != nullptr) {
+            const T* rr = row + (n * K + a) * HW + y * W;
+            const T* cc = col + (n * K + c) * HW + y * W;
+            for (int64_t x = x0; x < x1; ++x) Lo[x] += rr[x] + cc[x];
+          }
+          T* m = mx.data();
+          for (int64_t x = x0; x < x1; ++x) m[x] = std::max(m[x], Lo[x]);
+        }
+        rows_of[nrows] = La;
+        vrow[nrows] = vp + n * dv * HWp + yy * Wp;
+        ++nrows;
+      }
+      // Softmax over the in-map keys (the centre key is always in-map, so sum >= 1): exp of
+      // whole vectors, then the off-map columns back to exactly 0.
+      std::fill(sum.begin(), sum.end(), T(0));
+      for (int i = 0; i < nrows; ++i) {
+        for (int c = 0; c < K; ++c) {
+          T* Lo = rows_of[i] + c * Wp;
+          int64_t x0, x1;
+          geo.clip(c, x0, x1);
+          const T* m = mx.data();
+          for (int64_t x = 0; x < Wq; ++x) Lo[x] -= m[x];
+          exp_inplace(Lo, Wq);
+          std::fill(Lo, Lo + x0, T(0));
+          std::fill(Lo + x1, Lo + Wq, T(0));
+          T* sm = sum.data();
+          for (int64_t x = 0; x < Wq; ++x) sm[x] += Lo[x];
+        }
+      }
+      for (int64_t x = 0; x < W; ++x) sum[x] = T(1) / sum[x];
+      for (int i = 0; i < nrows; ++i) {
+        for (int c = 0; c < K; ++c) {
+          T* Lo = rows_of[i] + c * Wp;
+          const T* inv = sum.data();
+          for (int64_t x = 0; x < W; ++x) Lo[x] *= inv[x];
+        }
+      }
+      // Save the probabilities (padded rows; rows outside the map are zeros) ...
+      for (int64_t o = 0; o < KK; ++o)
+        std::memcpy(probs + (n * KK + o) * HWp + y * Wp, L + o * Wp, Wp * sizeof(T));
+      // ... and accumulate the values: out[d, x] = sum_o P[o, x] * v[d, yy, x + c].
+      // window_sum reads P at rows_of[a] + c * Wp + x, v at vrow[a] + x + c.
+      const T* pq[K];
+      for (int i = 0; i < nrows; ++i) pq[i] = rows_of[i];
+      window_sum_row<T, K, false>(pq, Wp, vrow, HWp, nrows, dv, out + n * dv * HW + y * W, HW, geo);
+    }
+  });
+}
+
+template <typename T, int K>
+void backward_q_kernel(const T* gp, const T* kp, const T* vp, const T* probs, T* gq, T* glogits,
+                       int64_t dk, int64_t dv, const Geometry& geo) {
+  using V = Vec<T>;
+  const int64_t H = geo.H, W = geo.W, r = geo.r, Wq = geo.Wq, Wp = geo.Wp;
+  const int64_t HWp = H * Wp, HW = H * W, KK = K * K;
+  at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> Gbuf(KK * Wp), dot(Wq);
+    T* G = Gbuf.data();
+    typename V::type acc[K];
+    for (int64_t ny = begin; ny < end; ++ny) {
+      const int64_t n = ny / H, y = ny % H;
+      const T* grow = gp + n * dv * HWp + y * Wp + r;
+      const T* P = probs + n * KK * HWp + y * Wp;  // offset o at P + o * HWp
+      const T* gq_rows[K];
+      const T* krow[K];
+      int nrows = 0;
+      std::fill(Gbuf.begin(), Gbuf.end(), T(0));
+      std::fill(dot.begin(), dot.end(), T(0));
+      // dL/dp[o, x] = g[:, x] . v[:, yy, x + c], and sum_o p dL/dp.
+      for (int a = 0; a < K; ++a) {
+        const int64_t yy = y + a - r;
+        if (yy < 0 || yy >= H) continue;
+        T* Ga = G + a * K * Wp + r;
+        const T* vrow = vp + n * dv * HWp + yy * Wp;
+        for (int64_t xb = 0; xb < Wq; xb += V::L) {
+          window_dot<T, K>(grow, HWp, vrow, HWp, dv, xb, acc);
+          for (int c = 0; c < K; ++c) V::store(Ga + c * Wp + xb, acc[c]);
+        }
+        for (int c = 0; c < K; ++c) {
+          const T* Po = P + (a * K + c) * HWp + r;
+          const T* Go = Ga + c * Wp;
+          T* dt = dot.data();
+          for (int64_t x = 0; x < W; ++x) dt[x] += Po[x] * Go[x];
+        }
+        gq_rows[nrows] = Ga;
+        krow[nrows] = kp + n * dk * HWp + yy * Wp;
+        ++nrows;
+      }
+      // Softmax backward (p = 0 off the map and in the padding, so dL/dlogit is 0 there too).
+      for (int a = 0; a < K; ++a) {
+        const int64_t yy = y + a - r;
+        if (yy < 0 || yy >= H) continue;
+        for (int c = 0; c < K; ++c) {
+          const T* Po = P + (a * K + c) * HWp + r;
+          T* Go = G + (a * K + c) * Wp + r;
+          const T* dt = dot.data();
+          for (int64_t x = 0; x < Wq; ++x) Go[x] = Po[x] * (Go[x] - dt[x]);
+        }
+      }
+      for (int64_t o = 0; o < KK; ++o)
+        std::memcpy(glogits + (n * KK + o) * HWp + y * Wp, G + o * Wp, Wp * sizeof(T));
+      // dL/dq[d, x] = sum_o dL/dlogit[o, x] * k[d, yy, x + c].
+      window_sum_row<T, K, false>(gq_rows, Wp, krow, HWp, nrows, dk, gq + n * dk * HW + y * W, HW, geo);
+    }
+  });
+}
+
+template <typename T, int K>
+void backward_kv_kernel(const T* gp, const T* qp, const T* probs, const T* glogits, T* gk, T* gv,
+                        int64_t dk, int64_t dv, const Geometry& geo) {
+  const int64_t H = geo.H, W = geo.W, r = geo.r, Wp = geo.Wp;
+  const int64_t HWp = H * Wp, HW = H * W, KK = K * K;
+  // Key (yk, xk) is offset o = a * K + c of query (yk - a + r, xk - c + r): gather over o. With
+  // the padded layout the query sits at [xk + 2r - c] of its row.
+  at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t ny = begin; ny < end; ++ny) {
+      const int64_t n = ny / H, yk = ny % H;
+      const T* glr[K];
+      const T* pr[K];
+      const T* qr[K];
+      const T* gr[K];
+      int nrows = 0;
+      for (int a = 0; a < K; ++a) {
+        const int64_t yq = yk - a + r;
+        if (yq < 0 || yq >= H) continue;
+        glr[nrows] = glogits + (n * KK + a * K) * HWp + yq * Wp;  // offset (a, c) at + c * HWp
+        pr[nrows] = probs + (n * KK + a * K) * HWp + yq * Wp;
+        qr[nrows] = qp + n * dk * HWp + yq * Wp;
+        gr[nrows] = gp + n * dv * HWp + yq * Wp;
+        ++nrows;
+      }
+      window_sum_row<T, K, true>(glr, HWp, qr, HWp, nrows, dk, gk + n * dk * HW + yk * W, HW, geo);
+      window_sum_row<T, K, true>(pr, HWp, gr, HWp, nrows, dv, gv + n * dv * HW + yk * W, HW, geo);
+    }
+  });
+}
+
+void check_map(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "sasa_cpu: ", name, " must be a CPU tensor");
+  TORCH_CHECK(t.dim() == 4, "sasa_cpu: ", name, " must have 4 dims; got ", t.dim());
+}
+
+// [N, d, H, W] -> [N, d, H, Wp]: r zeros on the left, Wp - W - r on the right.
+torch::Tensor pad_w(const torch::Tensor& t, const Geometry& g) {
+  return torch::constant_pad_nd(t, {g.r, g.Wp - g.W - g.r}).contiguous();
+}
+
+template <typename T>
+Geometry geometry(const torch::Tensor& t, int64_t K) {
+  TORCH_CHECK(K % 2 == 1 && K >= 1 && K <= 15, "sasa_cpu: kernel size must be odd, 1..15; got ", K);
+  return Geometry(t.size(0), t.size(2), t.size(3), K, Vec<T>::L);
+}
+
+#define SASA_CPU_DISPATCH_K(K, ...)                                   \
+  switch (K) {                                                        \
+    case 1: { constexpr int KS = 1; __VA_ARGS__(); break; }           \
+    case 3: { constexpr int KS = 3; __VA_ARGS__(); break; }           \
+    case 5: { constexpr int KS = 5; __VA_ARGS__(); break; }           \
+    case 7: { constexpr int KS = 7; __VA_ARGS__(); break; }           \
+    case 9: { constexpr int KS = 9; __VA_ARGS__(); break; }           \
+    case 11: { constexpr int KS = 11; __VA_ARGS__(); break; }         \
+    case 13: { constexpr int KS = 13; __VA_ARGS__(); break; }         \
+    case 15: { constexpr int KS = 15; __VA_ARGS__(); break; }         \
+    default: TORCH_CHECK(false, "sasa_cpu: kernel size must be odd, 1..15; got ", K); \
+  }
+
+torch::Tensor pad(torch::Tensor t, int64_t K) {
+  check_map(t, "t");
+  torch::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "sasa_cpu_pad", [&] { out = pad_w(t, geometry<scalar_t>(t, K)); });
+  return out;
+}
+
+std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                   torch::Tensor row, torch::Tensor col, int64_t K) {
+  check_map(q, "q");
+  check_map(k, "k");
+  check_map(v, "v");
+  const bool relative = row.numel() > 0;
+  if (relative) {
+    check_map(row, "row");
+    check_map(col, "col");
+    row = row.contiguous();
+    col = col.contiguous();
+  }
+  const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
+  torch::Tensor out, probs, qp, kp, vp;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sasa_cpu_forward", [&] {
+    const Geometry geo = geometry<scalar_t>(q, K);
+    qp = pad_w(q, geo);
+    kp = pad_w(k, geo);
+    vp = pad_w(v, geo);
+    out = torch::empty({N, dv, H, W}, q.options());
+    probs = torch::empty({N, K * K, H, geo.Wp}, q.options());
+    SASA_CPU_DISPATCH_K(K, [&] {
+      forward_kernel<scalar_t, KS>(
+          qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
+          relative ? row.data_ptr<scalar_t>() : nullptr, relative ? col.data_ptr<scalar_t>() : nullptr,
+          out.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(), dk, dv, geo);
+    });
+  });
+  return {out, probs, qp, kp, vp};
+}
+
+void check_padded(const torch::Tensor& t, const char* name, const torch::Tensor& like) {
+  TORCH_CHECK(t.is_contiguous() && t.dim() == 4 && t.size(0) == like.size(0) && t.size(2) == like.size(2)
+              && t.size(3) == like.size(3), "sasa_cpu: ", name, " must be a contiguous padded map like probs");
+}
+
+std::vector<torch::Tensor> backward_q(torch::Tensor gp, torch::Tensor kp, torch::Tensor vp,
+                                      torch::Tensor probs, int64_t W, int64_t K) {
+  for (auto& [t, name] : {std::pair{gp, "grad_out"}, {kp, "k"}, {vp, "v"}}) check_padded(t, name, probs);
+  const int64_t N = kp.size(0), dk = kp.size(1), H = kp.size(2), dv = vp.size(1);
+  torch::Tensor gq, glogits;
+  AT_DISPATCH_FLOATING_TYPES(kp.scalar_type(), "sasa_cpu_backward_q", [&] {
+    const Geometry geo(N, H, W, K, Vec<scalar_t>::L);
+    TORCH_CHECK(geo.Wp == kp.size(3), "sasa_cpu: padded width mismatch");
+    gq = torch::empty({N, dk, H, W}, kp.options());
+    glogits = torch::empty_like(probs);
+    SASA_CPU_DISPATCH_K(K, [&] {
+      backward_q_kernel<scalar_t, KS>(
+          gp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
+          probs.data_ptr<scalar_t>(), gq.data_ptr<scalar_t>(), glogits.data_ptr<scalar_t>(), dk, dv, geo);
+    });
+  });
+  return {gq, glogits};
+}
+
+std::vector<torch::Tensor> backward_kv(torch::Tensor gp, torch::Tensor qp, torch::Tensor probs,
+                                       torch::Tensor glogits, int64_t W, int64_t K) {
+  for (auto& [t, name] : {std::pair{gp, "grad_out"}, {qp, "q"}, {glogits, "glogits"}}) check_padded(t, name, probs);
+  const int64_t N = qp.size(0), dk = qp.size(1), H = qp.size(2), dv = gp.size(1);
+  torch::Tensor gk, gv;
+  AT_DISPATCH_FLOATING_TYPES(qp.scalar_type(), "sasa_cpu_backward_kv", [&] {
+    const Geometry geo(N, H, W, K, Vec<scalar_t>::L);
+    TORCH_CHECK(geo.Wp == qp.size(3), "sasa_cpu: padded width mismatch");
+    gk = torch::empty({N, dk, H, W}, qp.options());
+    gv = torch::empty({N, dv, H, W}, qp.options());
+    SASA_CPU_DISPATCH_K(K, [&] {
+      backward_kv_kernel<scalar_t, KS>(
+          gp.data_ptr<scalar_t>(), qp.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
+          glogits.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>(), dk, dv, geo);
+    });
+  });
+  return {gk, gv};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pad", &pad, "pad a [N, d, H, W] map to the kernels' padded width");
+  m.def("forward", &forward, "SASA local attention forward (CPU)");
+  m.def("backward_q", &backward_q, "SASA local attention backward: dq and dlogits (CPU)");
+  m.def("backward_kv", &backward_kv, "SASA local attention backward: dk and dv (CPU)");
+}

@@ -1,0 +1,100 @@
+"""The SASA C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.sasa_cpp`):
+it builds here, ``auto`` takes it on CPU, it is exact on maps wider than one SIMD vector (the
+float64 cases of test_local_attention.py cover the rest), and without a compiler everything
+falls back to the neighborhood route with a clear message."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from aadet.layers import LocalSelfAttention2d
+from aadet.layers.functional.backends import sasa_cpp
+from aadet.layers.functional.local_attention import (
+    auto_local_attention_impl,
+    local_self_attention_2d,
+)
+from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
+from tests.helpers import REPO
+
+
+def _inputs(h, w, ks, dk=8, dv=12, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(1, 2, h, w, dk), (1, 2, h, w, dk), (1, 2, h, w, dv), (ks, dk // 2), (ks, dk - dk // 2)]
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_(True) for s in shapes]
+
+
+def test_the_kernel_builds_on_this_machine():
+    # CI machines have g++ and ninja: a kernel that stops compiling must fail here, not fall back.
+    assert sasa_cpp.available(), sasa_cpp.build_error()
+
+
+def test_auto_takes_the_kernel_on_cpu_for_supported_windows():
+    q = torch.zeros(1, 1, 4, 4, 2)
+    assert auto_local_attention_impl(q, 7) == "cpp"
+    assert auto_local_attention_impl(q, sasa_cpp.MAX_KERNEL_SIZE + 2) == "neighborhood"
+    with pytest.raises(ValueError, match="kernel_size up to 15; got 17"):
+        local_self_attention_2d(q, q, q, None, None, 17, impl="cpp")
+
+
+@pytest.mark.parametrize("h,w,ks", [(11, 19, 7), (4, 17, 5), (3, 33, 3), (9, 8, 7), (2, 1, 7)])
+def test_float32_rows_wider_than_a_vector_match_brute_force(h, w, ks):
+    # float32 runs 8 lanes a vector: whole vectors, a partial last one, and rows narrower than one.
+    ins = _inputs(h, w, ks)
+    g = torch.randn(1, 2, h, w, 12)
+    out = local_self_attention_2d(*ins, ks, impl="cpp")
+    grads = torch.autograd.grad(out, ins, g)
+    ref_ins = [t.detach().double().requires_grad_(True) for t in ins]
+    ref = brute_force(*ref_ins, ks)
+    ref_grads = torch.autograd.grad(ref, ref_ins, g.double())
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=5e-5)
+
+
+def test_layer_on_the_kernel_equals_the_neighborhood_route():
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(32, 32, kernel_size=7, num_heads=4, impl="neighborhood")
+    x = torch.randn(2, 32, 13, 21, requires_grad=True)
+    ref = layer(x)
+    (gx_ref,) = torch.autograd.grad(ref.square().sum(), x)
+    layer.impl = "cpp"
+    out = layer(x)
+    (gx,) = torch.autograd.grad(out.square().sum(), x)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(gx, gx_ref, rtol=0, atol=2e-4)
+
+
+_FALLBACK = textwrap.dedent("""
+    import torch
+    from aadet.layers.functional.backends import sasa_cpp
+    from aadet.layers.functional.local_attention import auto_local_attention_impl, local_self_attention_2d
+    q = torch.randn(1, 2, 5, 6, 4, dtype=torch.float64)
+    print("auto:", auto_local_attention_impl(q, 7))
+    out = local_self_attention_2d(q, q, q, None, None, 7)
+    ref = local_self_attention_2d(q, q, q, None, None, 7, impl="neighborhood")
+    print("equal:", torch.equal(out, ref))
+    try:
+        local_self_attention_2d(q, q, q, None, None, 7, impl="cpp")
+    except RuntimeError as e:
+        print("cpp:", e)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"AADET_CPP_KERNELS": "0"}],
+                         ids=["no-compiler", "switched-off"])
+def test_without_the_kernel_auto_falls_back_and_cpp_says_why(tmp_path, env):
+    # A fresh extension cache, so the build really runs (and fails) without a compiler.
+    run_env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), **env)
+    res = subprocess.run([sys.executable, "-c", _FALLBACK], cwd=REPO, env=run_env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "auto: neighborhood" in res.stdout and "equal: True" in res.stdout
+    assert "impl='cpp' needs the SASA C++ kernel, which did not build" in res.stdout
+    if "CXX" in env:
+        assert "use the slower 'neighborhood' route" in res.stderr
+    else:
+        assert "AADET_CPP_KERNELS=0" in res.stdout
