@@ -40,6 +40,9 @@ __all__ = [
     "P6P7_SOURCES",
     "SASA_STEMS",
     "OPTIMIZER_NAMES",
+    "COMPILE_MODES",
+    "compile_backends",
+    "check_compile_config",
     "VOTE_THRESH_ALLOWED",
     "is_valid_vote_thresh",
     "FPN_SPATIAL_LAYER_REGISTRY",
@@ -56,9 +59,22 @@ SASA_STEMS = ("conv", "attention")  # MODEL.SASA.STEM
 #: SOLVER.OPTIMIZER; aadet.engine.optimizer.OPTIMIZERS builds each
 #: (tests/engine/test_optimizer.py checks that it has exactly these).
 OPTIMIZER_NAMES = ("SGD", "AdamW")
+#: MODEL.COMPILE.MODE: torch.compile's modes ("default" = torch's mode=None; the others are
+#: Inductor's, tests/engine/test_compile.py checks that torch knows them). MODEL.COMPILE.BACKEND
+#: accepts :func:`compile_backends`.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: The allowed IoU thresholds of a box vote (TEST.BBOX_VOTE.VOTE_TH, aadet.modeling.box_voting),
 #: in words (error messages).
 VOTE_THRESH_ALLOWED = "in (0, 1]"
+
+
+def compile_backends() -> List[str]:
+    """The allowed values of MODEL.COMPILE.BACKEND: the backends torch.compile knows
+    (``torch._dynamo.list_backends(exclude_tags=())``: ``inductor``, and the debugging ones such
+    as ``eager`` and ``aot_eager``), but for those of PyTorch's own tests (``*_TESTING_ONLY``)."""
+    import torch._dynamo
+
+    return sorted(b for b in torch._dynamo.list_backends(exclude_tags=()) if not b.endswith("_TESTING_ONLY"))
 
 
 def is_valid_vote_thresh(value) -> bool:
@@ -274,14 +290,36 @@ def add_aadet_config(cfg):
     _C.MODEL.SASA.STEM_BLOCK_SIZE = 4  # attention within each 4x4 block, then 4x4 max pooling
     # How local attention is computed (aadet.layers.LOCAL_ATTENTION_IMPLS; all exact, only
     # speed/memory differ, BENCHMARKS.md):
-    # "neighborhood" (window offsets one at a time, stores the [k^2, H, W] attention matrix; the
-    # fastest on CPU), "fused" (blocked with halos through a fused SDPA kernel, never stores the
-    # attention matrix), "materialized" (blocked, explicit float32 softmax), "triton" (fused
-    # Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or "auto": "fused" on
-    # CUDA, "neighborhood" elsewhere, "materialized" while exporting.
+    # "cpp" (C++ kernel, one pass over the window per query row, stores the [k^2, H, W] attention
+    # matrix; the fastest on CPU, compiled by `make setup`), "neighborhood" (window offsets one at
+    # a time, same storage; pure PyTorch), "fused" (blocked with halos through a fused SDPA kernel,
+    # never stores the attention matrix), "materialized" (blocked, explicit float32 softmax),
+    # "triton" (fused Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or
+    # "auto": "fused" on CUDA, "cpp" on CPU ("neighborhood" where the C++ kernel does not build),
+    # "materialized" while exporting.
     _C.MODEL.SASA.IMPL = "auto"
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     _C.MODEL.SASA.BLOCK_SIZE = 8
+
+    # ---------------------------------------------------------------- compiled models
+    # Run the model through torch.compile in tools/train_net.py's training and evaluation
+    # (--compile sets ENABLED; aadet.engine.compile.maybe_compile): nn.Module.compile in place,
+    # so checkpoints keep their keys and load into uncompiled models. Not in the papers, and the
+    # first iterations (and the first evaluation) pay the compile time, so off by default. A
+    # backend that cannot run here (Inductor without a C++ compiler on CPU, or without Triton on
+    # CUDA) stops the build with an error naming ENABLED. The predictor, demo, visualization and
+    # export tools run uncompiled.
+    _C.MODEL.COMPILE = CN()
+    _C.MODEL.COMPILE.ENABLED = False
+    _C.MODEL.COMPILE.BACKEND = "inductor"  # torch.compile's backend (config.compile_backends())
+    # torch.compile's mode (COMPILE_MODES): "default", "reduce-overhead" (CUDA graphs),
+    # "max-autotune", "max-autotune-no-cudagraphs"; Inductor's, other backends ignore it.
+    _C.MODEL.COMPILE.MODE = "default"
+    # torch.compile's dynamic: compile shape-generic graphs from the start. Detection shapes
+    # change every iteration (the number of boxes per image; the image size in evaluation and
+    # without SCALE_JITTER), and a graph per shape would recompile most iterations. False: static
+    # graphs, one per shape, up to torch._dynamo.config.recompile_limit per frame (then eager).
+    _C.MODEL.COMPILE.DYNAMIC = True
 
     # ---------------------------------------------------------------- your own data
     # COCO-format detection datasets to register by name before DATASETS.TRAIN / DATASETS.TEST are
@@ -359,6 +397,18 @@ def check_sasa_config(cfg):
     check_impl(sa.IMPL, LOCAL_ATTENTION_IMPLS, name="MODEL.SASA.IMPL", error=config_error)
 
 
+def check_compile_config(cfg):
+    """Check the ``MODEL.COMPILE.*`` keys (called by :func:`validate_aadet_config`), whether or
+    not compiling is enabled. Whether the backend can run on this machine is checked when the
+    model is compiled (:func:`aadet.engine.compile.maybe_compile`)."""
+    c = cfg.MODEL.COMPILE
+    check_one_of(
+        "MODEL.COMPILE.BACKEND", c.BACKEND, compile_backends(),
+        " (torch.compile's backends: aadet.config.compile_backends())",
+    )
+    check_one_of("MODEL.COMPILE.MODE", c.MODE, COMPILE_MODES)
+
+
 def _check_fpn_and_head(cfg):
     # The registries are filled when aadet.modeling is imported (aadet/__init__.py does).
     check_one_of("MODEL.FPN.P6P7_SOURCE", cfg.MODEL.FPN.P6P7_SOURCE, P6P7_SOURCES)
@@ -428,6 +478,7 @@ def validate_aadet_config(cfg):
     if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
         raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)
 
+    check_compile_config(cfg)
     _check_fpn_and_head(cfg)
     check_aa_config(cfg)
     check_sasa_config(cfg)

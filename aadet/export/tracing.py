@@ -64,8 +64,8 @@ ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
 # MODEL.SASA.IMPL values that export: "auto" switches to "materialized" while tracing.
-# "neighborhood" is a custom autograd.Function and "fused" calls SDPA: neither is traced into
-# plain ops.
+# "cpp" and "neighborhood" are custom autograd.Functions and "fused" calls SDPA: none is traced
+# into plain ops.
 EXPORTABLE_SASA_IMPLS = ("auto", "materialized")
 
 

@@ -96,7 +96,7 @@ class LocalSelfAttention2d(nn.Module):
         positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"sine2d"`` or ``"none"``.
         block_size: query tile side of the blocked routes (speed/memory only).
         impl: one of :data:`~aadet.layers.LOCAL_ATTENTION_IMPLS`: ``"auto"``,
-            ``"neighborhood"``, ``"fused"``, ``"materialized"`` or ``"triton"`` (see
+            ``"neighborhood"``, ``"cpp"``, ``"fused"``, ``"materialized"`` or ``"triton"`` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
@@ -256,7 +256,7 @@ class LocalSelfAttention2d(nn.Module):
         """Multiply-adds of the attention as the fused (blocked, halo) route computes it, an
         estimate to compare with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`:
         :func:`~aadet.layers.functional.backends.sasa_halo.halo_local_attention_macs` plus the
-        ``k``-offset row/column table matmuls. (The neighborhood route, the CPU default, does
+        ``k``-offset row/column table matmuls. (The cpp and neighborhood routes, the CPU ones, do
         exactly the idealised count.)"""
         h, w = input_hw
         rel = self.rel_h is not None

@@ -39,6 +39,8 @@ from typing import Optional
 
 import torch
 
+from .sasa_channels_first import apply_channels_first, relative_gradients, relative_logit_terms
+
 __all__ = ["MAX_KERNEL_SIZE", "available", "build", "build_error", "cpp_local_attention"]
 
 logger = logging.getLogger(__name__)
@@ -150,13 +152,10 @@ class _CppLocalAttention(torch.autograd.Function):
         dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
         ct = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            dk = q.shape[1]
             q, k, v = q.to(ct), k.to(ct), v.to(ct)
             if rel_h is not None:
-                dr = dk // 2
                 rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-                row = torch.einsum("ndhw,ad->nahw", q[:, :dr], rel_h).contiguous()  # [N, k, H, W]
-                col = torch.einsum("ndhw,cd->nchw", q[:, dr:], rel_w).contiguous()
+                row, col = relative_logit_terms(q, rel_h, rel_w)  # [N, k, H, W] each
             else:
                 row = col = q.new_empty(0)
             # probs and the padded maps qp, kp, vp: [N, *, H, Wp] (the kernel's padded layout)
@@ -173,7 +172,7 @@ class _CppLocalAttention(torch.autograd.Function):
         qp, kp, vp, probs, rel_h, rel_w = ctx.saved_tensors
         ks = ctx.kernel_size
         ext = _extension()
-        n, dk, h, w = ctx.shape
+        w = ctx.shape[-1]
         q = qp[..., ks // 2:ks // 2 + w]  # [N, dk, H, W] (a view)
         need_q, need_k, need_v, need_rh, need_rw, _ = ctx.needs_input_grad
         gk = gv = grh = grw = None
@@ -181,17 +180,11 @@ class _CppLocalAttention(torch.autograd.Function):
             gp = ext.pad(grad_out.to(q.dtype), ks)
             gq, glogits = ext.backward_q(gp, kp, vp, probs, w, ks)  # glogits padded like probs
             if rel_h is not None:
-                dr = dk // 2
-                r = ks // 2
-                grid = glogits[..., r:r + w].unflatten(1, (ks, ks))  # [N, k, k, H, W]
-                grow, gcol = grid.sum(2), grid.sum(1)  # [N, k, H, W] each
-                if need_q:
-                    gq[:, :dr] += torch.einsum("nahw,ad->ndhw", grow, rel_h)
-                    gq[:, dr:] += torch.einsum("nchw,cd->ndhw", gcol, rel_w)
-                if need_rh:
-                    grh = torch.einsum("nahw,ndhw->ad", grow, q[:, :dr]).to(ctx.dtypes[3])
-                if need_rw:
-                    grw = torch.einsum("nchw,ndhw->cd", gcol, q[:, dr:]).to(ctx.dtypes[3])
+                grh, grw = relative_gradients(
+                    glogits[..., ks // 2:ks // 2 + w], q, rel_h, rel_w, gq if need_q else None,
+                    (need_rh, need_rw),
+                )
+                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
             if need_k or need_v:
                 gk, gv = ext.backward_kv(gp, qp, probs, glogits, w, ks)
                 gk = gk.to(ctx.dtypes[1]) if need_k else None
@@ -208,13 +201,8 @@ def cpp_local_attention(
     rel_w: Optional[torch.Tensor],
     kernel_size: int,
 ) -> torch.Tensor:
-    """SASA local attention in the C++ kernel (``impl="cpp"``; CPU tensors), on checked arguments.
-
-    Shapes as in :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`:
-    ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]`` -> ``[B, Nh, H, W, dv]``. The
-    channels-first views the kernel works in are free when the inputs come from 1x1 convolutions
-    (``split_heads``).
-    """
+    """SASA local attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
+    shaped as for :func:`~.sasa_channels_first.apply_channels_first`."""
     if q.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
     if kernel_size > MAX_KERNEL_SIZE:
@@ -222,16 +210,7 @@ def cpp_local_attention(
             f"impl='cpp' takes kernel_size up to {MAX_KERNEL_SIZE}; got {kernel_size} "
             "(use impl='neighborhood' or 'auto')"
         )
-    b, nh, h, w, dk = q.shape
-    dv = v.shape[-1]
-
-    def channels_first(t):
-        return t.permute(0, 1, 4, 2, 3).reshape(b * nh, t.shape[-1], h, w)
-
-    out = _CppLocalAttention.apply(
-        channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w, kernel_size
-    )  # [B * Nh, dv, H, W]
-    return out.view(b, nh, dv, h, w).permute(0, 1, 3, 4, 2)
+    return apply_channels_first(_CppLocalAttention.apply, q, k, v, rel_h, rel_w, kernel_size)
 
 
 if __name__ == "__main__":  # `make setup`: build once, say whether SASA on CPU gets the kernel

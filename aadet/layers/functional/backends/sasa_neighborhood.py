@@ -1,4 +1,5 @@
-"""SASA local attention offset by offset: the ``"neighborhood"`` route (the CPU default).
+"""SASA local attention offset by offset: the ``"neighborhood"`` route (pure PyTorch; the CPU
+route where the C++ kernel of :mod:`.sasa_cpp` does not build).
 
 Computes :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3,
 windows clipped to the map) with the ``k^2`` window offsets one at a time, as shifted views of
@@ -11,9 +12,9 @@ A custom autograd function writes the backward out the same way, so the only sto
 intermediate is the attention matrix itself, ``[N, k^2, H, W]`` (what any exact backward needs,
 49 floats per pixel and head for ``k = 7``); keys and values are never copied ``k^2`` times.
 Logits and softmax are float32 (float64 for float64 inputs). Work equals the papers' count
-(``2 k^2 dk`` per pixel and head) with no halo overhead, in memory-bound elementwise kernels: on
-CPU it is 1.3-1.8x faster than the blocked route at the res3-res5 sizes of a 640 image, with
-half its memory (BENCHMARKS.md).
+(``2 k^2 dk`` per pixel and head) with no halo overhead, but in ``4 k^2`` memory-bound
+elementwise passes over the maps: on CPU about 2x a 3x3 convolution's time where the C++ kernel
+takes 0.8-0.9x (BENCHMARKS.md).
 
 The custom function (and its in-place ``out=`` kernels) does not export: under tracing or ONNX
 export ``impl="auto"`` takes the materialized halo route instead
@@ -23,6 +24,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from .sasa_channels_first import apply_channels_first, relative_gradients, relative_logit_terms
 
 __all__ = ["neighborhood_local_attention"]
 
@@ -69,10 +72,8 @@ class _NeighborhoodAttention(torch.autograd.Function):
             for o, ys, xs in _window_offsets(kernel_size, h, w):
                 torch.sum(q * kp[:, :, ys, xs], dim=1, out=logits[:, o])
             if rel_h is not None:
-                dr = dk // 2
                 rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-                row = torch.einsum("ndhw,ad->nahw", q[:, :dr], rel_h)  # [N, k, H, W]
-                col = torch.einsum("ndhw,cd->nchw", q[:, dr:], rel_w)  # [N, k, H, W]
+                row, col = relative_logit_terms(q, rel_h, rel_w)  # [N, k, H, W] each
                 grid = logits.view(n, kernel_size, kernel_size, h, w)
                 grid += row[:, :, None]
                 grid += col[:, None, :]
@@ -118,16 +119,10 @@ class _NeighborhoodAttention(torch.autograd.Function):
             if need_k:
                 gk = gkp[inner].to(ctx.dtypes[1])
             if rel_h is not None:
-                dr = dk // 2
-                grid = glogits.view(n, ks, ks, h, w)
-                grow, gcol = grid.sum(2), grid.sum(1)  # [N, k, H, W] each
-                if need_q:
-                    gq[:, :dr] += torch.einsum("nahw,ad->ndhw", grow, rel_h)
-                    gq[:, dr:] += torch.einsum("nchw,cd->ndhw", gcol, rel_w)
-                if need_rh:
-                    grh = torch.einsum("nahw,ndhw->ad", grow, q[:, :dr]).to(ctx.dtypes[3])
-                if need_rw:
-                    grw = torch.einsum("nchw,ndhw->cd", gcol, q[:, dr:]).to(ctx.dtypes[3])
+                grh, grw = relative_gradients(
+                    glogits, q, rel_h, rel_w, gq if need_q else None, (need_rh, need_rw)
+                )
+                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
             if need_q:
                 gq = gq.to(ctx.dtypes[0])
             if need_v:
@@ -143,20 +138,6 @@ def neighborhood_local_attention(
     rel_w: Optional[torch.Tensor],
     kernel_size: int,
 ) -> torch.Tensor:
-    """SASA local attention offset by offset (``impl="neighborhood"``), on checked arguments.
-
-    Shapes as in :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`:
-    ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]`` -> ``[B, Nh, H, W, dv]``. The channels-
-    first views the kernel works in are free when the inputs come from 1x1 convolutions
-    (``split_heads``).
-    """
-    b, nh, h, w, dk = q.shape
-    dv = v.shape[-1]
-
-    def channels_first(t):
-        return t.permute(0, 1, 4, 2, 3).reshape(b * nh, t.shape[-1], h, w)
-
-    out = _NeighborhoodAttention.apply(
-        channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w, kernel_size
-    )  # [B * Nh, dv, H, W]
-    return out.view(b, nh, dv, h, w).permute(0, 1, 3, 4, 2)
+    """SASA local attention offset by offset (``impl="neighborhood"``) on checked arguments,
+    shaped as for :func:`~.sasa_channels_first.apply_channels_first`."""
+    return apply_channels_first(_NeighborhoodAttention.apply, q, k, v, rel_h, rel_w, kernel_size)

@@ -171,6 +171,29 @@ void window_sum_row(const T* const* P, int64_t sp, const T* const* B, int64_t sb
   }
 }
 
+// Scores of query row y against its in-map window rows: for every key row yy = y + a - r inside
+// the map, S[(a * K + c) * Wp + r + x] = sum_{d < D} A[d * HWp + x] * B[d * HWp + yy * Wp + x + c]
+// (A: the query-side row, at its query x = 0; B: the key-side map of this slice, padded). Rows
+// outside the map are left as they are. Returns how many rows are in the map; their a in rows_a.
+template <typename T, int K>
+int window_scores(const T* A, const T* B, int64_t D, int64_t y, const Geometry& geo, T* S, int* rows_a) {
+  using V = Vec<T>;
+  const int64_t HWp = geo.H * geo.Wp;
+  typename V::type acc[K];
+  int nrows = 0;
+  for (int a = 0; a < K; ++a) {
+    const int64_t yy = y + a - geo.r;
+    if (yy < 0 || yy >= geo.H) continue;
+    T* Sa = S + a * K * geo.Wp + geo.r;
+    for (int64_t xb = 0; xb < geo.Wq; xb += V::L) {
+      window_dot<T, K>(A, HWp, B + yy * geo.Wp, HWp, D, xb, acc);
+      for (int c = 0; c < K; ++c) V::store(Sa + c * geo.Wp + xb, acc[c]);
+    }
+    rows_a[nrows++] = a;
+  }
+  return nrows;
+}
+
 template <typename T, int K>
 void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T* col, T* out,
                     T* probs, int64_t dk, int64_t dv, const Geometry& geo) {
@@ -181,24 +204,18 @@ void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T
     // This row's window: logits, then probabilities, per offset o at L + o * Wp (x at [r + x]).
     std::vector<T> Lbuf(KK * Wp), mx(Wq), sum(Wq);
     T* L = Lbuf.data();
-    typename V::type acc[K];
     for (int64_t ny = begin; ny < end; ++ny) {
       const int64_t n = ny / H, y = ny % H;
-      const T* qrow = qp + n * dk * HWp + y * Wp + r;
       T* rows_of[K];  // the in-map window rows' logits (query x at [x])
       const T* vrow[K];
-      int nrows = 0;
+      int rows_a[K];
       std::fill(Lbuf.begin(), Lbuf.end(), T(0));
       std::fill(mx.begin(), mx.end(), -std::numeric_limits<T>::max());
-      for (int a = 0; a < K; ++a) {
-        const int64_t yy = y + a - r;
-        if (yy < 0 || yy >= H) continue;
+      const int nrows = window_scores<T, K>(qp + n * dk * HWp + y * Wp + r, kp + n * dk * HWp, dk,
+                                            y, geo, L, rows_a);
+      for (int i = 0; i < nrows; ++i) {
+        const int a = rows_a[i];
         T* La = L + a * K * Wp + r;
-        const T* krow = kp + n * dk * HWp + yy * Wp;
-        for (int64_t xb = 0; xb < Wq; xb += V::L) {
-          window_dot<T, K>(qrow, HWp, krow, HWp, dk, xb, acc);
-          for (int c = 0; c < K; ++c) V::store(La + c * Wp + xb, acc[c]);
-        }
         for (int c = 0; c < K; ++c) {
           T* Lo = La + c * Wp;
           int64_t x0, x1;
@@ -213,9 +230,8 @@ void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T
           T* m = mx.data();
           for (int64_t x = x0; x < x1; ++x) m[x] = std::max(m[x], Lo[x]);
         }
-        rows_of[nrows] = La;
-        vrow[nrows] = vp + n * dv * HWp + yy * Wp;
-        ++nrows;
+        rows_of[i] = La;
+        vrow[i] = vp + n * dv * HWp + (y + a - r) * Wp;
       }
       // Softmax over the in-map keys (the centre key is always in-map, so sum >= 1): exp of
       // whole vectors, then the off-map columns back to exactly 0.
@@ -263,35 +279,28 @@ void backward_q_kernel(const T* gp, const T* kp, const T* vp, const T* probs, T*
   at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> Gbuf(KK * Wp), dot(Wq);
     T* G = Gbuf.data();
-    typename V::type acc[K];
     for (int64_t ny = begin; ny < end; ++ny) {
       const int64_t n = ny / H, y = ny % H;
-      const T* grow = gp + n * dv * HWp + y * Wp + r;
       const T* P = probs + n * KK * HWp + y * Wp;  // offset o at P + o * HWp
       const T* gq_rows[K];
       const T* krow[K];
-      int nrows = 0;
+      int rows_a[K];
       std::fill(Gbuf.begin(), Gbuf.end(), T(0));
       std::fill(dot.begin(), dot.end(), T(0));
       // dL/dp[o, x] = g[:, x] . v[:, yy, x + c], and sum_o p dL/dp.
-      for (int a = 0; a < K; ++a) {
-        const int64_t yy = y + a - r;
-        if (yy < 0 || yy >= H) continue;
+      const int nrows = window_scores<T, K>(gp + n * dv * HWp + y * Wp + r, vp + n * dv * HWp, dv,
+                                            y, geo, G, rows_a);
+      for (int i = 0; i < nrows; ++i) {
+        const int a = rows_a[i];
         T* Ga = G + a * K * Wp + r;
-        const T* vrow = vp + n * dv * HWp + yy * Wp;
-        for (int64_t xb = 0; xb < Wq; xb += V::L) {
-          window_dot<T, K>(grow, HWp, vrow, HWp, dv, xb, acc);
-          for (int c = 0; c < K; ++c) V::store(Ga + c * Wp + xb, acc[c]);
-        }
         for (int c = 0; c < K; ++c) {
           const T* Po = P + (a * K + c) * HWp + r;
           const T* Go = Ga + c * Wp;
           T* dt = dot.data();
           for (int64_t x = 0; x < W; ++x) dt[x] += Po[x] * Go[x];
         }
-        gq_rows[nrows] = Ga;
-        krow[nrows] = kp + n * dk * HWp + yy * Wp;
-        ++nrows;
+        gq_rows[i] = Ga;
+        krow[i] = kp + n * dk * HWp + (y + a - r) * Wp;
       }
       // Softmax backward (p = 0 off the map and in the padding, so dL/dlogit is 0 there too).
       for (int a = 0; a < K; ++a) {

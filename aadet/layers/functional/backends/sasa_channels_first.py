@@ -1,0 +1,62 @@
+"""What the two channels-first SASA routes share (``"neighborhood"`` and ``"cpp"``): the layout
+they work in and the relative-position terms of their logits and gradients.
+
+Both write Eq. 3 as an autograd function on channels-first maps ``[N, d, H, W]`` (``N = B * Nh``)
+and add the positional term of the logit of window offset ``o = a * k + c`` as ``row[:, a] +
+col[:, c]``, where ``row = q[:, :dk//2] . rel_h`` and ``col = q[:, dk//2:] . rel_w`` are ``k``
+dot products per pixel (:func:`relative_logit_terms`). In backward, the same terms give the
+relative part of ``dL/dq`` and the embeddings' gradients from ``dL/dlogits``
+(:func:`relative_gradients`).
+"""
+from typing import Callable, Optional, Tuple
+
+import torch
+
+__all__ = ["apply_channels_first", "relative_gradients", "relative_logit_terms"]
+
+
+def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w, kernel_size):
+    """Run ``fn(q, k, v, rel_h, rel_w, kernel_size)`` (channels-first: ``[N, d, H, W]`` ->
+    ``[N, dv, H, W]``) on ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; returns ``[B, Nh,
+    H, W, dv]``. The channels-first views are free when the inputs come from 1x1 convolutions
+    (``split_heads``)."""
+    b, nh, h, w, _ = q.shape
+    dv = v.shape[-1]
+
+    def channels_first(t):
+        return t.permute(0, 1, 4, 2, 3).reshape(b * nh, t.shape[-1], h, w)
+
+    out = fn(channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w, kernel_size)
+    return out.view(b, nh, dv, h, w).permute(0, 1, 3, 4, 2)
+
+
+def relative_logit_terms(q: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor):
+    """``(row, col)``, each ``[N, k, H, W]``: ``row[:, a] = q[:, :dk//2] . rel_h[a]`` and ``col[:, c]
+    = q[:, dk//2:] . rel_w[c]`` for channels-first ``q [N, dk, H, W]``."""
+    dr = q.shape[1] // 2
+    row = torch.einsum("ndhw,ad->nahw", q[:, :dr], rel_h)
+    col = torch.einsum("ndhw,cd->nchw", q[:, dr:], rel_w)
+    return row, col
+
+
+def relative_gradients(
+    glogits: torch.Tensor,
+    q: torch.Tensor,
+    rel_h: torch.Tensor,
+    rel_w: torch.Tensor,
+    gq: Optional[torch.Tensor],
+    need_rel: Tuple[bool, bool],
+):
+    """The relative terms' share of the gradients, from ``glogits [N, k^2, H, W]`` (offset ``a *
+    k + c``) and channels-first ``q [N, dk, H, W]``: adds ``dL/dq`` in place to ``gq`` (unless
+    None) and returns ``(grad rel_h, grad rel_w)`` (None where ``need_rel`` says so)."""
+    ks = rel_h.shape[0]
+    dr = q.shape[1] // 2
+    grid = glogits.unflatten(1, (ks, ks))  # [N, k, k, H, W]
+    grow, gcol = grid.sum(2), grid.sum(1)  # [N, k, H, W] each
+    if gq is not None:
+        gq[:, :dr] += torch.einsum("nahw,ad->ndhw", grow, rel_h)
+        gq[:, dr:] += torch.einsum("nchw,cd->ndhw", gcol, rel_w)
+    grh = torch.einsum("nahw,ndhw->ad", grow, q[:, :dr]) if need_rel[0] else None
+    grw = torch.einsum("nchw,ndhw->cd", gcol, q[:, dr:]) if need_rel[1] else None
+    return grh, grw
