@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""The CPU ratios that matter, from one command: SASA layer vs a 3x3 conv, the demo models and
+the COCO R50 models vs their conv baselines, each against its target.
+
+    OMP_NUM_THREADS=1 python tools/benchmark_cpu.py --output-json docs/benchmarks_cpu.json \\
+        --runs-dir docs/runs/benchmarks
+
+Runs ``tools/benchmark_layers.py`` and ``tools/benchmark.py`` (every case in a fresh process;
+what each run measures: :data:`aadet.analysis.cpu_report.CPU_RUNS`), one after the other, then
+prints the targets table (:data:`~aadet.analysis.cpu_report.CPU_TARGETS`) and writes the report
+JSON (the layout of ``docs/benchmarks_cuda.json``) and, with ``--runs-dir``, each run's own JSON.
+Run it on an otherwise idle machine: the ratios compare wall times within one run. About ten
+minutes on one core.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from aadet.analysis.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=1, help="torch threads in every case (default 1)")
+    p.add_argument("--output-json", metavar="FILE", help="the report (targets, rows, commands)")
+    p.add_argument("--runs-dir", metavar="DIR", help="also keep each run's JSON here (<run>_cpu.json)")
+    p.add_argument("--only", nargs="+", choices=list(CPU_RUNS), default=list(CPU_RUNS),
+                   help=argparse.SUPPRESS)  # tests: a subset of the runs
+    args = p.parse_args(argv)
+
+    reports, commands = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only:
+            tool, tool_args = CPU_RUNS[name]
+            out = os.path.join(args.runs_dir or tmp, f"{name}_cpu.json")
+            if args.runs_dir:
+                os.makedirs(args.runs_dir, exist_ok=True)
+            cmd = [sys.executable, os.path.join(REPO, tool), *tool_args,
+                   "--threads", str(args.threads), "--output-json", out]
+            commands[name] = " ".join(shlex.quote(c) for c in ["python", tool, *tool_args,
+                                                                 "--threads", str(args.threads)])
+            print(f"[benchmark_cpu] {commands[name]}", flush=True)
+            subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                reports[name] = json.load(f)
+    if set(reports) != set(CPU_RUNS):
+        print(json.dumps(reports, indent=1)[:2000])
+        return 0
+    bench = benchmarks_cpu(reports, commands)
+    print(render_cpu_markdown(bench))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(bench, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
