@@ -5,6 +5,7 @@
   python tools/train_net.py --config-file configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml \
       --num-gpus 8
   python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS output/model_final.pth
+  python tools/train_net.py --config-file CFG --compile      # through torch.compile (MODEL.COMPILE)
 
 Several machines, torchrun, SLURM, --dist-timeout: docs/multi_machine.md (aadet/engine/launch.py).
 """
@@ -22,8 +23,14 @@ from aadet.engine.hooks import write_run_summary  # noqa: E402
 from aadet.engine.launch import add_launch_arguments, launch  # noqa: E402
 
 
+def config_opts(args):
+    """The command line's ``KEY VALUE`` overrides, with those its flags stand for (``--compile``):
+    what the config is made from and what the run summary records."""
+    return list(args.opts) + (["MODEL.COMPILE.ENABLED", "True"] if args.compile else [])
+
+
 def setup(args):
-    cfg = load_config(args.config_file, args.opts, freeze=False)
+    cfg = load_config(args.config_file, config_opts(args), freeze=False)
     setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="aadet")
     if not args.eval_only:
         apply_epoch_schedule(cfg)
@@ -36,7 +43,7 @@ def main(args):
     register_trees()
     cfg = setup(args)
     if args.eval_only:
-        model = Trainer.build_model(cfg)
+        model = Trainer.build_model(cfg)  # compiled with MODEL.COMPILE.ENABLED (--compile)
         # Strict: a checkpoint that does not match the config is an error, not random weights.
         # With MODEL_EMA.ENABLED, the weights evaluated are the checkpoint's moving average.
         AADetCheckpointer(
@@ -47,11 +54,11 @@ def main(args):
             res.update(Trainer.test_with_TTA(cfg, model))
         if comm.is_main_process():
             verify_results(cfg, res)
-            write_run_summary(cfg, args.config_file, args.opts, res, eval_only=True)
+            write_run_summary(cfg, args.config_file, config_opts(args), res, eval_only=True)
         return res
 
     Trainer.allow_mismatched_weights = args.allow_mismatched_weights
-    Trainer.config_source = (args.config_file, args.opts)
+    Trainer.config_source = (args.config_file, config_opts(args))
     trainer = Trainer(cfg)
     trainer.resume_or_load(resume=args.resume)
     return trainer.train()
@@ -64,6 +71,13 @@ def build_parser():
         action="store_true",
         help="start training from MODEL.WEIGHTS even if its keys/shapes differ from the model "
         "(mismatched parameters keep their initialization); without it a mismatch is an error",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="run training and evaluation through torch.compile: the same as MODEL.COMPILE.ENABLED "
+        "True (MODEL.COMPILE.BACKEND/MODE/DYNAMIC: aadet/config.py); the first iterations and the "
+        "first evaluation include the compile time",
     )
     return parser
 

@@ -21,6 +21,9 @@ Differences from ``DefaultTrainer``, each for a reason:
 * with ``MODEL_EMA.ENABLED``, a moving average of the weights (:class:`~aadet.engine.ema.ModelEMA`,
   updated by :class:`~aadet.engine.hooks.EMAHook`, checkpointed as ``model_ema`` and restored by
   ``--resume``) is what every evaluation in training measures.
+* with ``MODEL.COMPILE.ENABLED``, the model compiled in place by ``torch.compile``
+  (:func:`~aadet.engine.compile.maybe_compile`, in :meth:`Trainer.build_model`: training and
+  every evaluation, ``--eval-only`` too; checkpoints unchanged).
 * with several processes, all ranks must load the same checkpoint (same start iteration and
   weights) and end with the same weights, else :class:`~aadet.engine.rank_sync.RanksDisagreeError`
   (:mod:`aadet.engine.rank_sync`: a machine that reads another ``OUTPUT_DIR`` fails at start).
@@ -46,6 +49,7 @@ from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, Resumab
 from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader, set_train_results
 from .checkpoint import AADetCheckpointer
+from .compile import maybe_compile
 from .ema import ModelEMA
 from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
 from .optimizer import build_optimizer
@@ -77,6 +81,12 @@ class Trainer(DefaultTrainer):
     def __init__(self, cfg):
         with ddp_without_device_ids_on_cpu():
             super().__init__(cfg)
+
+    @classmethod
+    def build_model(cls, cfg):
+        """Detectron2's model, compiled in place with ``MODEL.COMPILE.ENABLED``
+        (:func:`~aadet.engine.compile.maybe_compile`; before DDP wraps it)."""
+        return maybe_compile(super().build_model(cfg), cfg)
 
     @classmethod
     def build_train_loader(cls, cfg, start_iter: int = 0):

@@ -1,6 +1,7 @@
 """Runs ``tools/train_net.py``'s training for the reliability tests, in a subprocess:
 
-  python tests/helpers/train_worker.py OUT_DIR [--num-gpus N] [--resume] [--die-at ITER] [--save-ranks] -- KEY VALUE ...
+  python tests/helpers/train_worker.py OUT_DIR [--num-gpus N] [--resume] [--compile] [--die-at ITER] [--save-ranks] \
+      -- KEY VALUE ...
 
 ``--die-at ITER`` SIGKILLs the process right after iteration ITER (a hard crash: no cleanup, no
 final checkpoint). ``--save-ranks`` makes every rank save its model's state dict to
@@ -56,12 +57,14 @@ def main():
     ap.add_argument("--data-root", required=True)
     ap.add_argument("--num-gpus", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--die-at", type=int, default=None)
     ap.add_argument("--save-ranks", action="store_true")
     a = ap.parse_args(argv)
     ta = train_net.build_parser().parse_args(
         ["--config-file", a.config_file, "--num-gpus", str(a.num_gpus)]
         + (["--resume"] if a.resume else [])
+        + (["--compile"] if a.compile else [])
         + ["OUTPUT_DIR", a.out] + opts
     )
     launch(worker, a.num_gpus, dist_url="auto", args=(a, ta))

@@ -6,6 +6,7 @@ needs an attentional head, so :class:`AADetRetinaNet` builds the head named by t
 normalizes the losses lives in a checkpointed buffer (Detectron2 keeps it in a plain attribute
 that restarts at 100 after ``--resume``, so a resumed run's losses differ from the uninterrupted
 run's). And optional box voting after NMS (``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`).
+Under ``torch.compile`` (``MODEL.COMPILE``) the training losses (``forward_training``) run eagerly.
 """
 import torch
 from detectron2.config import configurable
@@ -58,6 +59,11 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
         self.loss_normalizer_ema.fill_(new)
         return new
 
+    # Under torch.compile (MODEL.COMPILE, aadet.engine.compile) the backbone and head compile and
+    # this runs eagerly: its anchor matching is data-dependent, and Detectron2's event-storage
+    # writes (guarded on the iteration) and the normalizer's EMA (guarded on its value) would
+    # recompile its graphs every iteration, until Dynamo's recompile limit sends them to eager.
+    @torch.compiler.disable
     def forward_training(self, images, features, predictions, gt_instances):
         # Diverged weights give NaN boxes, on which the GIoU/DIoU losses fail with an assertion
         # ("bad box") before Detectron2's NaN-loss check: stop here with the iteration instead.
