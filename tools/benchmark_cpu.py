@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from aadet.analysis.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown  # noqa: E402
+from aadet.utils.run_summary import git_commit  # noqa: E402
 
 
 def main(argv=None):
@@ -53,7 +54,7 @@ def main(argv=None):
     if set(reports) != set(CPU_RUNS):
         print(json.dumps(reports, indent=1)[:2000])
         return 0
-    bench = benchmarks_cpu(reports, commands)
+    bench = dict(benchmarks_cpu(reports, commands), **git_commit(REPO))  # + commit, dirty
     print(render_cpu_markdown(bench))
     if args.output_json:
         with open(args.output_json, "w") as f:
