@@ -50,6 +50,9 @@ CHOICES = (
 )
 
 
+#: The SASA demo on its two CPU routes (the headline runs predate the C++ kernel): same recipe.
+ROUTES = ("trees_SASA_R_26_slim_FPN", "trees_SASA_R_26_slim_FPN MODEL.SASA.IMPL=cpp")
+
 #: The broken-attention mutations of tests/helpers/broken_attention.py, the learning table's columns.
 MUTATIONS = ("relative_zero", "off_by_one", "uniform")
 #: Where summaries go, by ``--into``.
@@ -72,7 +75,8 @@ def generated_files(runs_dir: str, repo: str):
     if os.path.isfile(demo_md):
         with open(demo_md) as f:
             text = replace_block(f.read(), "headline", headline)
-        out[demo_md] = replace_block(text, "choices", render_variant_table(results, CHOICES))
+        text = replace_block(text, "choices", render_variant_table(results, CHOICES))
+        out[demo_md] = replace_block(text, "routes", render_results_table(results, ROUTES))
     if os.path.isfile(table_md):
         with open(table_md) as f:
             out[table_md] = update_demo_column(f.read(), results, MARKDOWN_COMMAND)

@@ -163,7 +163,7 @@ def test_record_tool_adds_runs_and_checks(tmp_path, capsys):
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
     blocks = "".join(f"<!-- demo-results:{b}:begin -->\n<!-- demo-results:{b}:end -->\n"
-                     for b in ("headline", "choices"))
+                     for b in ("headline", "choices", "routes"))
     (repo / "docs" / "demo_results.md").write_text("# x\n" + blocks)
     table = render_markdown([], MARKDOWN_COMMAND).replace(  # one row: the conv demo
         "\n\n" + TABLE_END, f"\n| `Demo/{BASELINE}` |" + " 1 |" * (len(COLUMNS) - 1) + "\n\n" + TABLE_END)
