@@ -4,7 +4,7 @@ runs them and puts the result in its report). Skipped on a machine without CUDA.
 
 * functional routes: AA ``relative_self_attention_2d`` (every ``attention_with_logit_tables``
   route in ``LOGIT_TABLE_IMPLS``: fused, materialized, chunked too, triton, flex, auto), SASA
-  ``local_self_attention_2d`` (every route in ``LOCAL_ATTENTION_IMPLS``: neighborhood, fused,
+  ``local_self_attention_2d`` (every CUDA route in ``LOCAL_ATTENTION_IMPLS``: neighborhood, fused,
   materialized, triton, auto), the stem's ``block_self_attention_2d``; each against the
   pixel-by-pixel float64 brute force of ``aadet/layers/functional/reference.py``, run on the GPU
   (``torch.device("cuda")`` as the default device), with the same output cotangent for the
@@ -30,6 +30,7 @@ import torch
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.augmented_conv import AugmentedConv2d
 from aadet.layers.functional import (
+    LOCAL_ATTENTION_BACKENDS,
     LOCAL_ATTENTION_IMPLS,
     LOGIT_TABLE_IMPLS,
     block_self_attention_2d,
@@ -63,10 +64,11 @@ NO_FLOAT64 = ("triton", "flex")
 
 
 def route_cases(impls, precisions):
-    """``(impl, precision)`` for every registered route and precision, less float64 on the float32
-    kernels."""
+    """``(impl, precision)`` for every registered route that runs on CUDA and every precision,
+    less float64 on the float32 kernels."""
+    cpu_only = {i for i, b in LOCAL_ATTENTION_BACKENDS.items() if not b.cuda}
     return [pytest.param(i, p, id=f"{i}-{p}") for i in impls for p in precisions
-            if not (p == "fp64" and i in NO_FLOAT64)]
+            if not (p == "fp64" and i in NO_FLOAT64) and i not in cpu_only]
 
 
 def rel_err(x, ref) -> float:

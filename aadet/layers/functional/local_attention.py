@@ -66,17 +66,19 @@ class LocalAttentionBackend(NamedTuple):
             :func:`local_self_attention_2d`; ``q`` already scaled; ``rel_h``/``rel_w`` both
             tensors or both None), plus ``block_size=`` when ``blocked``.
         blocked: the implementation tiles queries and takes the ``block_size`` keyword.
+        cuda: it runs on CUDA tensors (the C++ CPU kernel does not).
     """
 
     fn: Callable[..., torch.Tensor]
     blocked: bool = False
+    cuda: bool = True
 
 
 #: ``impl`` name -> implementation (one file each; adding one is one file and one line here).
 LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
     "neighborhood": LocalAttentionBackend(neighborhood_local_attention),
     # C++ kernel, one pass over the window per query row (CPU; compiled on first use).
-    "cpp": LocalAttentionBackend(cpp_local_attention),
+    "cpp": LocalAttentionBackend(cpp_local_attention, cuda=False),
     "fused": LocalAttentionBackend(halo_local_attention_fused, blocked=True),
     "materialized": LocalAttentionBackend(halo_local_attention_materialized, blocked=True),
     # Fused Triton kernels: online softmax over the window, q.r in-kernel, only out + logsumexp
