@@ -54,7 +54,7 @@ CPU_RUNS: Dict[str, tuple] = {
         "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "3"]),
 }
 
-#: Issue 35's CPU targets (one definition): training-step time ratios of the models, the SASA
+#: The CPU targets (one definition): training-step time ratios of the models, the SASA
 #: layer's time and memory ratios on the route ``impl="auto"`` takes on CPU (``"cpp"``).
 CPU_TARGETS = (
     Target("SASA layer 80x80 fwd+bwd time vs 3x3 conv", "layers", "sasa_cpp_80", "train_ms_ratio", 1.0),
