@@ -268,8 +268,9 @@ def add_aadet_config(cfg):
     # speed/memory differ): "fused" (relative logits folded into the dot product through SDPA:
     # the head widens by H + W), "materialized" (explicit float32 logits), "triton" (flash
     # attention with the row/column tables added in the kernel; CUDA), "flex" (flex_attention
-    # score_mod; backward on CUDA only), or "auto": "fused", "materialized" for float64 and
-    # while exporting. Paper: not applicable (its TF code materializes the logits).
+    # score_mod; backward on CUDA only), "cpp" (a C++ kernel with the tables added in the
+    # softmax; CPU), or "auto": "cpp" on CPU where it builds, "fused" on CUDA, "materialized"
+    # for float64 and while exporting. Paper: not applicable (its TF code materializes the logits).
     _C.MODEL.AA.IMPL = "auto"
 
     # ---------------------------------------------------------------- Stand-Alone Self-Attention

@@ -14,20 +14,24 @@ float16 on CUDA, bfloat16 on CPU):
   kappa = 0.2, nu = 0.1, 8 heads, relative logits:
 
   - ``core``: :func:`aadet.layers.functional.relative_self_attention_2d` on ``q, k, v`` with the
-    layer's depths (``impl="auto"``: the fused SDPA path; ``materialized``: our chunked float32
-    fallback, 1024 queries a chunk) against ``naive``: the full ``[B, Nh, HW, HW]`` logits plus
+    layer's depths (on CPU the C++ kernel ``cpp``, the CPU default, and the fused SDPA route
+    ``fused``, which widens every head by ``H + W``; on CUDA ``auto``, i.e. fused SDPA, Triton
+    and flex_attention; ``materialized``: our chunked float32 fallback, 1024 queries a chunk)
+    against ``naive``: the full ``[B, Nh, HW, HW]`` logits plus
     the relative logits of the paper's Appendix A.3 (``rel_to_abs``, tiled to ``[HW, HW]``),
     softmax, weighted sum, all stored for backward;
   - ``layer``: one :class:`aadet.layers.AugmentedConv2d` (3x3, stride 1, attention at full
-    resolution) with our core against the same layer running the naive core.
+    resolution) with our core (on CPU: ``cpp`` and ``fused``) against the same layer running
+    the naive core.
 
   (In AA-R50 itself res3's attention runs at half resolution, 40x40; the 80x80 case is a
   stress test.) Naive cases whose estimated memory exceeds ``--max-naive-gib`` are
   skipped and say so.
 
 * **SASA** (``--suite sasa``): :class:`aadet.layers.LocalSelfAttention2d` (256 channels, k = 7,
-  8 heads, relative; both of its routes, ``impl="neighborhood"`` -- offset by offset, the CPU
-  default -- and ``impl="fused"`` -- blocked with halos through SDPA, the CUDA default) against
+  8 heads, relative; its routes ``impl="cpp"`` -- the C++ kernel, the CPU default --,
+  ``impl="neighborhood"`` -- offset by offset -- and ``impl="fused"`` -- blocked with halos
+  through SDPA, the CUDA default) against
   a 3x3 convolution of the same width and against ``unfold``: the
   same attention written with ``F.unfold`` (every pixel's ``k x k`` keys and values copied,
   ``k^2 = 49`` times the map), out-of-map neighbours masked like ours.
@@ -132,7 +136,7 @@ def naive_aa_bytes(batch: int, side: int) -> int:
 
 def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
     """The cases to measure; on CUDA also the Triton (and AA flex_attention) routes."""
-    kernels = ("triton",) if cuda else ()
+    kernels = ("triton",) if cuda else ()  # SASA's GPU kernel
     cases = []
     for s in sizes:
         if "aa" in suites:
@@ -141,10 +145,12 @@ def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
                     f"--sizes for the AA suite must be among {sorted(AA_SIZES)}; got {s}"
                 )
             for kind in ("core", "layer"):
-                impls = (
-                    ("auto", "materialized", "naive") + kernels + (("flex",) if cuda else ())
-                    if kind == "core" else ("auto", "naive")
-                )
+                if cuda:
+                    impls = ("auto", "materialized", "naive", "triton", "flex") if kind == "core" \
+                        else ("auto", "naive")
+                else:  # the CPU routes by name: the C++ kernel ("auto" there) and SDPA
+                    impls = ("cpp", "fused", "materialized", "naive") if kind == "core" \
+                        else ("cpp", "fused", "naive")
                 for impl in impls:
                     c = dict(suite="aa", kind=kind, impl=impl, side=s, channels=AA_SIZES[s])
                     need = naive_aa_bytes(batch, s)
@@ -188,7 +194,8 @@ def _make_work(case, batch, device, dtype):
         if case["suite"] == "aa":
             import aadet.layers.augmented_conv as aa_module
 
-            mod = AugmentedConv2d(c, c, 3, kappa=0.2, nu=0.1, num_heads=NUM_HEADS, max_size=s)
+            impl = case["impl"] if case["impl"] in ("cpp", "fused") else "auto"
+            mod = AugmentedConv2d(c, c, 3, kappa=0.2, nu=0.1, num_heads=NUM_HEADS, max_size=s, impl=impl)
             if case["impl"] == "naive":  # this process only runs this case: patching is contained
                 aa_module.relative_self_attention_2d = naive_relative_attention_2d
         elif case["impl"] == "conv3x3":
@@ -229,12 +236,16 @@ def run_case(spec):
 
 # ----------------------------------------------------------------------------- report
 _LABELS = {
-    ("aa", "core", "auto"): "core, ours (fused)",
+    ("aa", "core", "auto"): "core, ours (auto: fused SDPA on CUDA)",
+    ("aa", "core", "cpp"): "core, ours (C++ kernel, tables in-kernel)",
+    ("aa", "core", "fused"): "core, ours (fused SDPA, heads widened by H + W)",
     ("aa", "core", "materialized"): "core, ours (materialized, chunk 1024)",
     ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
     ("aa", "core", "triton"): "core, ours (Triton, tables in-kernel)",
     ("aa", "core", "flex"): "core, flex_attention (tables in score_mod)",
     ("aa", "layer", "auto"): "AugmentedConv2d, ours",
+    ("aa", "layer", "cpp"): "AugmentedConv2d, ours (C++ kernel)",
+    ("aa", "layer", "fused"): "AugmentedConv2d, ours (fused SDPA)",
     ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
     ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
     ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",

@@ -136,9 +136,10 @@ fi
 
 # aadet (with the offline route's pins as constraints, so nothing upgrades past them).
 "${PIP[@]}" "${CONSTRAINTS[@]}" -e ".[dev]"
-# The SASA C++ CPU kernel (aadet/layers/functional/backends/csrc): compiled here once for this CPU
-# and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Without g++ SASA on CPU
-# falls back to the slower pure-PyTorch route, so a failed build does not fail the setup.
-"$PY" -m aadet.layers.functional.backends.sasa_cpp || echo "[setup] SASA C++ kernel not built (see above)"
+# The C++ CPU kernels of SASA and AA (aadet/layers/functional/backends/csrc): compiled here once
+# for this CPU and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Without g++
+# the attention on CPU falls back to slower pure-PyTorch routes, so a failed build does not fail
+# the setup.
+"$PY" -c "from aadet.layers.functional.backends.cpu_kernels import main; main()" || echo "[setup] C++ kernels not built (see above)"
 touch "$VENV/.aadet-setup-done"
 echo "[setup] done: $("$PY" -c 'import aadet, detectron2, torch; print("aadet", aadet.__version__, "| detectron2", detectron2.__version__, "| torch", torch.__version__)' 2>/dev/null)"

@@ -29,8 +29,8 @@ Convention
 * **Overhead** (reported separately, never in the totals): the extra multiply-adds of our
   implementation's fused (CUDA) path -- blocked queries and halo windows (SASA), the position
   tables appended to ``q`` and the one-hot indicators appended to ``k`` (AA), the offset table
-  matmuls; for the stem the extra work of the route it takes. The SASA layer's neighborhood
-  route (the CPU default) has none. Estimated by each layer's ``implementation_flop_count``
+  matmuls; for the stem the extra work of the route it takes. The CPU routes of the SASA layer
+  and of AA (C++ kernels) have none. Estimated by each layer's ``implementation_flop_count``
   (:func:`attention_overhead_flops`).
 """
 

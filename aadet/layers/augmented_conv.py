@@ -132,9 +132,11 @@ class AugmentedConv2d(nn.Module):
         max_size: ``Lmax``, the largest attention-map side the relative tables cover.
         clip_distances: clip relative distances to the tables instead of raising.
         min_dk_per_head: minimum ``dk / Nh`` when ``dk`` comes from ``kappa``.
-        impl: ``"auto"``, ``"fused"`` or ``"materialized"`` (:data:`LOGIT_TABLE_IMPLS`), passed
-            to :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`;
-            ``"auto"`` is the fused SDPA route, except for float64 and under tracing/export.
+        impl: one of :data:`LOGIT_TABLE_IMPLS` (``"auto"``, ``"fused"``, ``"materialized"``,
+            ``"cpp"``, ...), passed to
+            :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`;
+            ``"auto"`` is the C++ kernel on CPU (where it builds) and the fused SDPA route on
+            CUDA, the materialized route for float64 and under tracing/export.
         query_chunk: queries per chunk of the materialized route (0 = all at once), which
             bounds its memory to ``B * Nh * query_chunk * hw`` logits; it matters only where that
             route runs (``impl="materialized"``, float64, tracing/export under ``"auto"``).
@@ -318,8 +320,9 @@ class AugmentedConv2d(nn.Module):
         return out
 
     def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
-        """Multiply-adds of the attention as the fused route computes it (an estimate; compare
-        with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`).
+        """Multiply-adds of the attention as the fused (SDPA) route computes it (an estimate;
+        compare with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`; the CPU C++
+        kernel adds the tables without widening the heads).
 
         Logits with ``dkh + h + w`` dims (the row/column tables appended to ``q``, one-hot
         indicators to ``k``), the weighted sum, and the ``2h - 1`` / ``2w - 1`` offset matmuls

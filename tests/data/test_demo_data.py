@@ -517,8 +517,8 @@ _MARKERS_ALLOWED = {
     "aadet.utils.run_summary": {"import subprocess", "import hashlib"},
     # the weights fingerprint that ranks compare
     "aadet.engine.rank_sync": {"import hashlib"},
-    # the SASA C++ kernel's build cache key (its source, flags and CPU)
-    "aadet.layers.functional.backends.sasa_cpp": {"import hashlib"},
+    # the C++ kernels' build cache key (their sources, flags and CPU)
+    "aadet.layers.functional.backends.cpu_kernels": {"import hashlib"},
 }
 
 

@@ -32,10 +32,10 @@ from aadet.layers.functional.backends.logit_tables_flex import (
 from aadet.layers.functional.backends.logit_tables_triton import (
     TRITON_AVAILABLE,
     TRITON_INTERPRETED,
-    row_col_tables_from_index,
     triton_attention_with_logit_tables,
     triton_attention_with_row_col_tables,
 )
+from aadet.layers.functional.checks import row_col_tables_from_index
 from aadet.layers.functional.relative_attention import relative_logit_tables_2d
 
 from tests.helpers import REPO, triton_aot

@@ -30,6 +30,7 @@ import torch
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.augmented_conv import AugmentedConv2d
 from aadet.layers.functional import (
+    CPU_ONLY_LOGIT_TABLE_IMPLS,
     LOCAL_ATTENTION_BACKENDS,
     LOCAL_ATTENTION_IMPLS,
     LOGIT_TABLE_IMPLS,
@@ -67,6 +68,7 @@ def route_cases(impls, precisions):
     """``(impl, precision)`` for every registered route that runs on CUDA and every precision,
     less float64 on the float32 kernels."""
     cpu_only = {i for i, b in LOCAL_ATTENTION_BACKENDS.items() if not b.cuda}
+    cpu_only |= set(CPU_ONLY_LOGIT_TABLE_IMPLS)
     return [pytest.param(i, p, id=f"{i}-{p}") for i in impls for p in precisions
             if not (p == "fp64" and i in NO_FLOAT64) and i not in cpu_only]
 

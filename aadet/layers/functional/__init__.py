@@ -11,12 +11,14 @@ implementation is tested (float64-exact) and benchmarked against.
   of :func:`attention_with_logit_tables` (:mod:`.logit_tables`), whose registry
   :data:`~.logit_tables.LOGIT_TABLE_BACKENDS` holds ``"fused"`` (:mod:`.backends.logit_tables_sdpa`),
   ``"materialized"`` (:mod:`.backends.logit_tables_materialized`), ``"triton"``
-  (:mod:`.backends.logit_tables_triton`) and ``"flex"`` (:mod:`.backends.logit_tables_flex`).
+  (:mod:`.backends.logit_tables_triton`), ``"flex"`` (:mod:`.backends.logit_tables_flex`) and
+  ``"cpp"`` (:mod:`.backends.logit_tables_cpp`, a C++ kernel: the CPU default).
 * SASA, local attention: :func:`local_self_attention_2d` (:mod:`.local_attention`), registry
   :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`: ``"neighborhood"``
   (:mod:`.backends.sasa_neighborhood`), ``"fused"`` / ``"materialized"``
   (:mod:`.backends.sasa_halo`: halo blocks on the SDPA / materialized logit-table route, called
-  directly) and ``"triton"`` (:mod:`.backends.sasa_triton`).
+  directly), ``"triton"`` (:mod:`.backends.sasa_triton`) and ``"cpp"`` (:mod:`.backends.sasa_cpp`,
+  a C++ kernel: the CPU default).
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
@@ -67,6 +69,7 @@ from .local_attention import (  # noqa: F401
     local_self_attention_2d,
 )
 from .logit_tables import (  # noqa: F401
+    CPU_ONLY_LOGIT_TABLE_IMPLS,
     LOGIT_TABLE_BACKENDS,
     LOGIT_TABLE_IMPLS,
     attention_with_logit_tables,

@@ -22,7 +22,9 @@ out-of-map entries of the tables set to a large negative number (that is the mas
 * ``"triton"`` (:mod:`.backends.logit_tables_triton`): flash attention with AA's row/column tables
   added in the kernel (no head widening);
 * ``"flex"`` (:mod:`.backends.logit_tables_flex`): ``flex_attention`` with the tables in its
-  ``score_mod``.
+  ``score_mod``;
+* ``"cpp"`` (:mod:`.backends.logit_tables_cpp`, the CPU default where it builds): a C++ kernel
+  with AA's row/column tables added inside the softmax (no head widening), compiled on first use.
 
 The other public functions built on these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`,
 SASA's halo route) call :func:`logit_table_backend` / the route functions directly, on arguments
@@ -32,6 +34,8 @@ from typing import Callable, Dict, List
 
 import torch
 
+from .backends import logit_tables_cpp
+from .backends.logit_tables_cpp import cpp_attention_with_logit_tables
 from .backends.logit_tables_materialized import materialized_attention_with_logit_tables
 from .backends.logit_tables_sdpa import sdpa_attention_with_logit_tables
 from .checks import check_impl, check_logit_tables, check_query_chunk
@@ -42,6 +46,7 @@ __all__ = [
     "LOGIT_TABLE_IMPLS",
     "attention_with_logit_tables",
     "auto_logit_table_impl",
+    "CPU_ONLY_LOGIT_TABLE_IMPLS",
     "logit_table_backend",
 ]
 
@@ -60,7 +65,12 @@ LOGIT_TABLE_BACKENDS: Dict[str, Callable[..., torch.Tensor]] = {
     "flex": lazy_backend(
         "backends.logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)
     ),
+    # The C++ kernel with the row/column tables inside the softmax (CPU; 2D row/column tables only).
+    "cpp": cpp_attention_with_logit_tables,
 }
+
+#: Routes that run on CPU tensors only (the CUDA tests leave them out).
+CPU_ONLY_LOGIT_TABLE_IMPLS = ("cpp",)
 
 #: Allowed values of ``impl`` (the one definition; AA layers and the config import it).
 LOGIT_TABLE_IMPLS = ("auto",) + tuple(LOGIT_TABLE_BACKENDS)
@@ -68,8 +78,14 @@ LOGIT_TABLE_IMPLS = ("auto",) + tuple(LOGIT_TABLE_BACKENDS)
 
 def auto_logit_table_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs: ``"materialized"`` for float64 (references, gradcheck: no fused
-    kernel worth using) and while tracing/exporting (plain tensor ops only), else ``"fused"``."""
-    return "materialized" if q.dtype == torch.float64 or is_exporting() else "fused"
+    kernel worth using) and while tracing/exporting (plain tensor ops only); on CPU the C++ kernel
+    ``"cpp"`` where it builds (the fastest exact CPU route by BENCHMARKS.md's AA layer table);
+    else ``"fused"`` (SDPA; on CPU with one warning where the kernel did not build)."""
+    if q.dtype == torch.float64 or is_exporting():
+        return "materialized"
+    if q.device.type == "cpu" and logit_tables_cpp.available():
+        return "cpp"
+    return "fused"
 
 
 def logit_table_backend(impl: str, q: torch.Tensor) -> Callable[..., torch.Tensor]:

@@ -9,6 +9,7 @@ SASA local attention, ``fn(q, k, v, rel_h, rel_w, kernel_size) -> out``
 (:data:`~..local_attention.LOCAL_ATTENTION_BACKENDS`):
 
 * :mod:`.sasa_neighborhood`: ``"neighborhood"``, offset by offset with its own backward (CPU);
+* :mod:`.sasa_cpp`: ``"cpp"``, a C++ kernel, one pass over the window per query row (CPU);
 * :mod:`.sasa_halo`: ``"fused"`` / ``"materialized"``, halo blocks whose position terms and masks
   are logit tables, handed to the SDPA or materialized logit-table route (``block_size=``);
 * :mod:`.sasa_triton`: ``"triton"``, fused Triton kernels with ``q . r`` in-kernel (CUDA).
@@ -19,7 +20,10 @@ Attention with logit tables, ``fn(q, k, v, tables, key_index, *, query_chunk) ->
 * :mod:`.logit_tables_sdpa`: ``"fused"``, the augmented dot product through SDPA;
 * :mod:`.logit_tables_materialized`: ``"materialized"``, explicit float32 logits, chunked;
 * :mod:`.logit_tables_triton`: ``"triton"``, flash attention with AA's row/column tables in-kernel;
-* :mod:`.logit_tables_flex`: ``"flex"``, ``flex_attention`` with the tables in its ``score_mod``.
+* :mod:`.logit_tables_flex`: ``"flex"``, ``flex_attention`` with the tables in its ``score_mod``;
+* :mod:`.logit_tables_cpp`: ``"cpp"``, a C++ kernel with AA's row/column tables inside the softmax (CPU).
+
+The C++ kernels (``csrc/``) are built and cached by :mod:`.cpu_kernels`.
 
 The Triton and flex modules are imported on first use (:func:`~..dispatch.lazy_backend`), never by
 ``import aadet``; they also have public entry points with their own checks, for direct calls.

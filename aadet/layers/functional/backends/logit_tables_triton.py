@@ -29,7 +29,8 @@ In terms of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_ta
 case ``tables = [T_row, T_col]``, ``key_index = [j // W, j % W]`` is
 ``triton_attention_with_row_col_tables(q, k, v, T_row, T_col, W)``;
 :func:`triton_attention_with_logit_tables` takes ``(tables, key_index)`` as they are and reads the
-grid back (:func:`row_col_tables_from_index`; any other key layout is refused).
+grid back (:func:`~aadet.layers.functional.checks.row_col_tables_from_index`; any other key
+layout is refused).
 
 No scaling happens here (``q`` arrives scaled, as everywhere in this package). Inputs: float32,
 float16 or bfloat16 ``q, k, v`` (one dtype), tables in float32 (any float dtype is read as float32;
@@ -42,11 +43,11 @@ fixed per process: triton decorates its own library (``tl.sum``, ``tl.zeros``) a
 interpreted and compiled functions do not mix (``TRITON_INTERPRETED`` says which it is).
 """
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional
 
 import torch
 
-from ..checks import check_row_col_tables
+from ..checks import check_row_col_tables, row_col_tables_from_index
 
 try:  # Triton is optional: the SDPA and materialized routes need none.
     import triton
@@ -62,7 +63,6 @@ __all__ = [
     "TRITON_AVAILABLE",
     "TRITON_DTYPES",
     "TRITON_INTERPRETED",
-    "row_col_tables_from_index",
     "triton_attention_with_logit_tables",
     "triton_attention_with_row_col_tables",
 ]
@@ -458,48 +458,6 @@ def triton_attention_with_row_col_tables(
     return out.reshape(*batch, length, v.shape[-1])
 
 
-def row_col_tables_from_index(
-    tables: Sequence[torch.Tensor], key_index: Sequence[torch.Tensor], length: int
-) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], int]:
-    """Read ``attention_with_logit_tables``'s ``(tables, key_index)`` as a row-major 2D grid.
-
-    The 2D case of AA is ``tables = [T_row, T_col]`` with ``key_index = [j // W, j % W]``
-    (either may be missing, as from ``relative_logit_tables_2d`` with a ``None`` embedding).
-    Returns ``(t_row, t_col, width)``; raises ``ValueError`` for any other layout.
-    """
-    if len(tables) != len(key_index) or len(tables) > 2:
-        raise ValueError(
-            "the row/column kernels take at most two tables (row, column) with one key index "
-            f"each; got {len(tables)} tables and {len(key_index)} indices"
-        )
-    if not tables:
-        return None, None, 1
-    pos = torch.arange(length, device=key_index[0].device)
-    sizes = [t.shape[-1] for t in tables]
-    widths = sorted({m for m in sizes} | {length // m for m in sizes if m and length % m == 0})
-    for w in widths:  # the first width under which every table is the row or the column table
-        if w < 1 or length % w:
-            continue
-        found = {}
-        for t, idx, m in zip(tables, key_index, sizes):
-            if tuple(idx.shape) != (length,):
-                break
-            idx = idx.to(pos.device)
-            if "row" not in found and m == length // w and torch.equal(idx, pos // w):
-                found["row"] = t
-            elif "col" not in found and m == w and torch.equal(idx, pos % w):
-                found["col"] = t
-            else:
-                break
-        else:
-            return found.get("row"), found.get("col"), w
-    raise ValueError(
-        "the row/column kernels need tables on a row-major H x W key grid: key_index "
-        "[j // W] for a [*, L, H] row table and [j % W] for a [*, L, W] column table; got "
-        f"tables {[tuple(t.shape) for t in tables]} with other key indices (L = {length})"
-    )
-
-
 def triton_attention_with_logit_tables(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -511,7 +469,8 @@ def triton_attention_with_logit_tables(
     """``attention_with_logit_tables``'s signature on the Triton kernel (the 2D grid case).
 
     ``q [*, L, dk]``, ``k [*, L, dk]``, ``v [*, L, dv]``; ``(tables, key_index)`` as described in
-    :func:`row_col_tables_from_index`. ``tiles``: see :func:`triton_attention_with_row_col_tables`.
+    :func:`~aadet.layers.functional.checks.row_col_tables_from_index`. ``tiles``: see
+    :func:`triton_attention_with_row_col_tables`.
     """
     t_row, t_col, width = row_col_tables_from_index(tables, key_index, q.shape[-2])
     return triton_attention_with_row_col_tables(q, k, v, t_row, t_col, width, **tiles)

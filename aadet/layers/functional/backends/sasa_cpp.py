@@ -22,121 +22,45 @@ threads. On this project's CPU the layer's training step (256 channels, k 7) tak
 float32 (exp: a vectorized polynomial, relative error ~1e-7), or float64 for float64 inputs (the
 exactness tests), output in ``v``'s dtype, as the neighborhood route.
 
-The kernel is compiled on first use with :func:`torch.utils.cpp_extension.load` (g++ and ninja,
-optimized for the CPU it runs on, cached under ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``; ``make setup`` builds it once: :func:`build`). Where it cannot be
-built (no compiler, ``AADET_CPP_KERNELS=0``), :func:`available` is False, ``impl="auto"`` keeps
-the neighborhood route with one warning, and ``impl="cpp"`` raises with the build error. The
+The kernel is compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it
+once). Where it cannot be built (no compiler, ``AADET_CPP_KERNELS=0``), :func:`available` is
+False, ``impl="auto"`` keeps the neighborhood route with one warning, and ``impl="cpp"`` raises
+with the build error. The
 custom function does not export: under tracing or ONNX export ``impl="auto"`` takes the
 materialized halo route (:mod:`~aadet.layers.functional.dispatch`).
 """
-import hashlib
-import logging
-import os
-import platform
-import sys
 from typing import Optional
 
 import torch
 
+from .cpu_kernels import KERNELS
 from .sasa_channels_first import apply_channels_first, relative_gradients, relative_logit_terms
 
-__all__ = ["MAX_KERNEL_SIZE", "available", "build", "build_error", "cpp_local_attention"]
+__all__ = ["MAX_KERNEL_SIZE", "KERNEL", "available", "build", "build_error", "cpp_local_attention"]
 
-logger = logging.getLogger(__name__)
-
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "sasa_cpu.cpp")
-# -march=native: the build is for the CPU it runs on (its name is part of the cache key below);
-# -ffast-math for vectorized exp and reassociated sums, but keep IEEE infinities and NaN checks.
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
-_LDFLAGS = ["-fopenmp"]
 #: The largest window side the kernel is compiled for (odd sizes 1..15).
 MAX_KERNEL_SIZE = 15
-#: Environment variable that turns the C++ kernels off (``0``): ``auto`` then takes the pure-PyTorch routes.
-ENV_SWITCH = "AADET_CPP_KERNELS"
-
-_EXT = None
-_ERROR: Optional[str] = None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _extension_name() -> str:
-    """One build per source, flags and CPU (a shared cache must not hand an AVX-512 build to
-    another CPU)."""
-    h = hashlib.sha1()
-    with open(_SOURCE, "rb") as f:
-        h.update(f.read())
-    h.update(" ".join(_CFLAGS).encode())
-    h.update(_cpu_name().encode())
-    return f"aadet_sasa_cpu_{h.hexdigest()[:12]}"
-
-
-def _ninja_on_path() -> None:
-    """``pip install ninja`` puts ninja next to this interpreter, which is on PATH only in an
-    activated environment; PyTorch's builder looks for it on PATH."""
-    bindir = os.path.dirname(sys.executable)
-    if os.path.exists(os.path.join(bindir, "ninja")):
-        path = os.environ.get("PATH", "")
-        if bindir not in path.split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + path
+#: The kernel (built on first use: :mod:`.cpu_kernels`).
+KERNEL = KERNELS["sasa"]
 
 
 def build(verbose: bool = False):
-    """Compile (or load the cached build of) the kernel. Returns the module, or None with
-    :func:`build_error` saying why (compiler missing, ``AADET_CPP_KERNELS=0``, ...)."""
-    global _EXT, _ERROR
-    if _EXT is not None or _ERROR is not None:
-        return _EXT
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        _ERROR = f"{ENV_SWITCH}=0"
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        _ninja_on_path()
-
-        logger.info("aadet: loading the SASA C++ kernel (compiled once per machine and cached)")
-        _EXT = load(
-            name=_extension_name(), sources=[_SOURCE], extra_cflags=_CFLAGS,
-            extra_ldflags=_LDFLAGS, verbose=verbose,
-        )
-    except Exception as e:  # no compiler, no ninja, a failed build: report, fall back
-        _ERROR = f"{type(e).__name__}: {e}".strip()
-        logger.warning(
-            "aadet: the SASA C++ kernel did not build (%s); SASA layers on CPU use the slower "
-            "'neighborhood' route. `make setup` needs g++ and ninja.", _ERROR.splitlines()[0]
-        )
-    return _EXT
+    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
+    return KERNEL.build(verbose)
 
 
 def available() -> bool:
     """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
-    return build() is not None
+    return KERNEL.available()
 
 
 def build_error() -> Optional[str]:
     """Why the kernel is unavailable (None if it is available or was not tried)."""
-    return _ERROR
+    return KERNEL.build_error()
 
 
 def _extension():
-    ext = build()
-    if ext is None:
-        raise RuntimeError(
-            f"impl='cpp' needs the SASA C++ kernel, which did not build: {_ERROR}. Use "
-            "impl='neighborhood' (or 'auto'), or install g++ and ninja (`make setup` builds it)."
-        )
-    return ext
+    return KERNEL.extension("cpp")
 
 
 class _CppLocalAttention(torch.autograd.Function):
@@ -211,16 +135,3 @@ def cpp_local_attention(
             "(use impl='neighborhood' or 'auto')"
         )
     return apply_channels_first(_CppLocalAttention.apply, q, k, v, rel_h, rel_w, kernel_size)
-
-
-if __name__ == "__main__":  # `make setup`: build once, say whether SASA on CPU gets the kernel
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Build the SASA C++ CPU kernel (cached).")
-    parser.add_argument("--verbose", action="store_true", help="show the compiler's output")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if build(verbose=args.verbose) is None:
-        print(f"[aadet] SASA C++ kernel: not built ({_ERROR}); SASA on CPU uses 'neighborhood'")
-    else:
-        print(f"[aadet] SASA C++ kernel: ready ({_EXT.__file__})")

@@ -1,0 +1,141 @@
+"""AA's C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.logit_tables_cpp`):
+it builds here, ``auto`` takes it on CPU, it is exact on key rows wider than one SIMD vector and
+on query counts that are not a whole number of blocks (float64 brute force and gradcheck of
+every input are in test_relative_attention.py, which lists ``cpp`` among its routes), and
+without a compiler ``auto`` falls back to the SDPA route with a clear message."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from aadet.layers import AugmentedConv2d
+from aadet.layers.functional import attention_with_logit_tables, relative_self_attention_2d
+from aadet.layers.functional.backends import logit_tables_cpp
+from aadet.layers.functional.logit_tables import auto_logit_table_impl
+from aadet.layers.functional.reference import relative_self_attention_2d_reference as brute_force
+from tests.helpers import REPO
+
+
+def _inputs(h, w, dk=5, dv=3, dtype=torch.float32, seed=0, rel=(True, True)):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(2, 3, h, w, dk), (2, 3, h, w, dk), (2, 3, h, w, dv)]
+    ts = [torch.randn(*s, generator=g, dtype=dtype) for s in shapes]
+    ts.append(torch.randn(2 * h - 1, dk, generator=g, dtype=dtype) if rel[0] else None)
+    ts.append(torch.randn(2 * w - 1, dk, generator=g, dtype=dtype) if rel[1] else None)
+    return [None if t is None else t.requires_grad_(True) for t in ts]
+
+
+def _grads(fn, ins, cot):
+    live = [t for t in ins if t is not None]
+    out = fn(*ins)
+    return out, torch.autograd.grad(out, live, cot)
+
+
+def test_the_kernel_builds_on_this_machine():
+    # CI machines have g++ and ninja: a kernel that stops compiling must fail here, not fall back.
+    assert logit_tables_cpp.available(), logit_tables_cpp.KERNEL.build_error()
+
+
+def test_auto_takes_the_kernel_on_cpu_and_materialized_for_float64():
+    assert auto_logit_table_impl(torch.zeros(1, 1, 4, 2)) == "cpp"
+    assert auto_logit_table_impl(torch.zeros(1, 1, 4, 2, dtype=torch.bfloat16)) == "cpp"
+    assert auto_logit_table_impl(torch.zeros(1, 1, 4, 2, dtype=torch.float64)) == "materialized"
+
+
+# float32 runs 8 lanes a vector, queries 4 a block: whole and partial vectors, rows narrower than
+# one vector, a single column and a single row, query counts L % 4 = 0..3.
+@pytest.mark.parametrize("h,w", [(3, 19), (5, 8), (7, 9), (13, 1), (1, 17), (2, 3), (1, 1)])
+@pytest.mark.parametrize("rel", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["both", "h_only", "w_only", "none"])
+def test_float32_matches_brute_force(h, w, rel):
+    ins = _inputs(h, w, rel=rel)
+    cot = torch.randn(2, 3, h, w, 3)
+    out, grads = _grads(lambda *a: relative_self_attention_2d(*a, impl="cpp"), ins, cot)
+    ref_ins = [None if t is None else t.detach().double().requires_grad_(True) for t in ins]
+    ref, ref_grads = _grads(brute_force, ref_ins, cot.double())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-4)
+
+
+def test_large_logits_keep_the_softmax_exact():
+    # logits of ~1e3 (q, k scaled x30): the max is subtracted before exp, nothing overflows
+    q, k, v, rh, rw = (t.detach() for t in _inputs(6, 11, dk=8, dv=4, seed=2))
+    q, k = q * 30, k * 30
+    out = relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")
+    ref = brute_force(q.double(), k.double(), v.double(), rh.double(), rw.double())
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-4)
+
+
+def test_only_the_requested_gradients_and_their_dtypes():
+    q, k, v, rh, rw = (t.detach() for t in _inputs(4, 9))
+    v.requires_grad_(True)
+    (gv,) = torch.autograd.grad(relative_self_attention_2d(q, k, v, rh, rw, impl="cpp").sum(), [v])
+    ref = torch.autograd.grad(relative_self_attention_2d(q, k, v, rh, rw, impl="fused").sum(), [v])[0]
+    torch.testing.assert_close(gv, ref, rtol=0, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q16, k16, v16 = (t.bfloat16().requires_grad_(True) for t in (q, k, v))
+        out = relative_self_attention_2d(q16, k16, v16, rh, rw, impl="cpp")
+    assert out.dtype == torch.bfloat16
+    grads = torch.autograd.grad(out.float().sum(), [q16, k16, v16])
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3
+
+
+def test_other_table_layouts_are_refused():
+    q = torch.randn(1, 6, 4)
+    with pytest.raises(ValueError, match="row-major H x W key grid"):
+        attention_with_logit_tables(q, q, q, [torch.randn(1, 6, 3)], [torch.tensor([0, 2, 1, 0, 2, 1])],
+                                    impl="cpp")
+
+
+def test_layer_on_the_kernel_equals_the_sdpa_route():
+    torch.manual_seed(0)
+    layer = AugmentedConv2d(32, 40, 3, kappa=0.4, nu=0.2, num_heads=4, max_size=16, impl="fused")
+    x = torch.randn(2, 32, 13, 11, requires_grad=True)
+    ref = layer(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, *layer.parameters()])
+    layer.impl = "cpp"
+    out = layer(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
+
+
+_FALLBACK = textwrap.dedent("""
+    import torch
+    from aadet.layers.functional import relative_self_attention_2d
+    from aadet.layers.functional.logit_tables import auto_logit_table_impl
+    q = torch.randn(1, 2, 5, 6, 4)
+    rh, rw = torch.randn(9, 4), torch.randn(11, 4)
+    print("auto:", auto_logit_table_impl(q))
+    out = relative_self_attention_2d(q, q, q, rh, rw)
+    ref = relative_self_attention_2d(q, q, q, rh, rw, impl="fused")
+    print("equal:", torch.equal(out, ref))
+    try:
+        relative_self_attention_2d(q, q, q, rh, rw, impl="cpp")
+    except RuntimeError as e:
+        print("cpp:", e)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"AADET_CPP_KERNELS": "0"}],
+                         ids=["no-compiler", "switched-off"])
+def test_without_the_kernel_auto_falls_back_and_cpp_says_why(tmp_path, env):
+    # A fresh extension cache, so the build really runs (and fails) without a compiler.
+    run_env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), **env)
+    res = subprocess.run([sys.executable, "-c", _FALLBACK], cwd=REPO, env=run_env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "auto: fused" in res.stdout and "equal: True" in res.stdout
+    assert "impl='cpp' needs the AA C++ kernel, which did not build" in res.stdout
+    if "CXX" in env:
+        assert "the slower 'fused' route is used instead" in res.stderr
+    else:
+        assert "AADET_CPP_KERNELS=0" in res.stdout
