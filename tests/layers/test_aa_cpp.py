@@ -2,11 +2,7 @@
 it builds here, ``auto`` takes it on CPU, it is exact on key rows wider than one SIMD vector and
 on query counts that are not a whole number of blocks (float64 brute force and gradcheck of
 every input are in test_relative_attention.py, which lists ``cpp`` among its routes), and
-without a compiler ``auto`` falls back to the SDPA route with a clear message."""
-import os
-import subprocess
-import sys
-import textwrap
+without a compiler ``auto`` falls back to the SDPA route with a clear message (test_cpu_kernels.py)."""
 
 import pytest
 import torch
@@ -16,7 +12,6 @@ from aadet.layers.functional import attention_with_logit_tables, relative_self_a
 from aadet.layers.functional.backends import logit_tables_cpp
 from aadet.layers.functional.logit_tables import auto_logit_table_impl
 from aadet.layers.functional.reference import relative_self_attention_2d_reference as brute_force
-from tests.helpers import REPO
 
 
 def _inputs(h, w, dk=5, dv=3, dtype=torch.float32, seed=0, rel=(True, True)):
@@ -105,37 +100,3 @@ def test_layer_on_the_kernel_equals_the_sdpa_route():
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
-
-
-_FALLBACK = textwrap.dedent("""
-    import torch
-    from aadet.layers.functional import relative_self_attention_2d
-    from aadet.layers.functional.logit_tables import auto_logit_table_impl
-    q = torch.randn(1, 2, 5, 6, 4)
-    rh, rw = torch.randn(9, 4), torch.randn(11, 4)
-    print("auto:", auto_logit_table_impl(q))
-    out = relative_self_attention_2d(q, q, q, rh, rw)
-    ref = relative_self_attention_2d(q, q, q, rh, rw, impl="fused")
-    print("equal:", torch.equal(out, ref))
-    try:
-        relative_self_attention_2d(q, q, q, rh, rw, impl="cpp")
-    except RuntimeError as e:
-        print("cpp:", e)
-""")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"AADET_CPP_KERNELS": "0"}],
-                         ids=["no-compiler", "switched-off"])
-def test_without_the_kernel_auto_falls_back_and_cpp_says_why(tmp_path, env):
-    # A fresh extension cache, so the build really runs (and fails) without a compiler.
-    run_env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), **env)
-    res = subprocess.run([sys.executable, "-c", _FALLBACK], cwd=REPO, env=run_env,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "auto: fused" in res.stdout and "equal: True" in res.stdout
-    assert "impl='cpp' needs the AA C++ kernel, which did not build" in res.stdout
-    if "CXX" in env:
-        assert "the slower 'fused' route is used instead" in res.stderr
-    else:
-        assert "AADET_CPP_KERNELS=0" in res.stdout

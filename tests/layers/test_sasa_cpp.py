@@ -1,11 +1,7 @@
 """The SASA C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.sasa_cpp`):
 it builds here, ``auto`` takes it on CPU, it is exact on maps wider than one SIMD vector (the
 float64 cases of test_local_attention.py cover the rest), and without a compiler everything
-falls back to the neighborhood route with a clear message."""
-import os
-import subprocess
-import sys
-import textwrap
+falls back to the neighborhood route with a clear message (test_cpu_kernels.py)."""
 import time
 
 import pytest
@@ -18,7 +14,6 @@ from aadet.layers.functional.local_attention import (
     local_self_attention_2d,
 )
 from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
-from tests.helpers import REPO
 
 
 def _inputs(h, w, ks, dk=8, dv=12, dtype=torch.float32, seed=0):
@@ -66,39 +61,6 @@ def test_layer_on_the_kernel_equals_the_neighborhood_route():
     (gx,) = torch.autograd.grad(out.square().sum(), x)
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
     torch.testing.assert_close(gx, gx_ref, rtol=0, atol=2e-4)
-
-
-_FALLBACK = textwrap.dedent("""
-    import torch
-    from aadet.layers.functional.backends import sasa_cpp
-    from aadet.layers.functional.local_attention import auto_local_attention_impl, local_self_attention_2d
-    q = torch.randn(1, 2, 5, 6, 4, dtype=torch.float64)
-    print("auto:", auto_local_attention_impl(q, 7))
-    out = local_self_attention_2d(q, q, q, None, None, 7)
-    ref = local_self_attention_2d(q, q, q, None, None, 7, impl="neighborhood")
-    print("equal:", torch.equal(out, ref))
-    try:
-        local_self_attention_2d(q, q, q, None, None, 7, impl="cpp")
-    except RuntimeError as e:
-        print("cpp:", e)
-""")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"AADET_CPP_KERNELS": "0"}],
-                         ids=["no-compiler", "switched-off"])
-def test_without_the_kernel_auto_falls_back_and_cpp_says_why(tmp_path, env):
-    # A fresh extension cache, so the build really runs (and fails) without a compiler.
-    run_env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), **env)
-    res = subprocess.run([sys.executable, "-c", _FALLBACK], cwd=REPO, env=run_env,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "auto: neighborhood" in res.stdout and "equal: True" in res.stdout
-    assert "impl='cpp' needs the SASA C++ kernel, which did not build" in res.stdout
-    if "CXX" in env:
-        assert "the slower 'neighborhood' route is used instead" in res.stderr
-    else:
-        assert "AADET_CPP_KERNELS=0" in res.stdout
 
 
 def _backward_ms(scale):
