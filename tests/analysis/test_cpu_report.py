@@ -1,9 +1,13 @@
 """``aadet/analysis/cpu_report.py`` (``tools/benchmark_cpu.py``'s report) on synthetic benchmark
 outputs with known ratios: every CPU target gets a verdict from its own run's baseline, misses say
 by how much, and runs from different CPUs or thread counts are refused."""
+import json
+import os
+
 import pytest
 
 from aadet.analysis.cpu_report import CPU_RUNS, CPU_TARGETS, benchmarks_cpu, render_cpu_markdown
+from tests.helpers import REPO
 
 MIB = 2**20
 ENV = {"device_name": "Some Xeon", "torch": "2.14.1", "torch_threads": 1}
@@ -72,3 +76,15 @@ def test_runs_from_different_cpus_or_threads_are_refused():
         benchmarks_cpu(_reports(torch_threads=2), {})
     with pytest.raises(ValueError, match="missing"):
         benchmarks_cpu({"layers": _reports()["layers"]}, {})
+
+
+def test_benchmarks_md_shows_the_committed_report():
+    # BENCHMARKS.md's targets table is the rendering of docs/benchmarks_cpu.json, which comes from
+    # a clean checkout of a commit (a number typed in, or a report of uncommitted code, fails here).
+    with open(os.path.join(REPO, "docs", "benchmarks_cpu.json")) as f:
+        bench = json.load(f)
+    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
+        text = f.read()
+    assert render_cpu_markdown(bench) in text
+    assert bench["commit"] and bench["dirty"] is False
+    assert f"measured at commit {bench['commit'][:7]}" in text
