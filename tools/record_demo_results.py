@@ -47,11 +47,23 @@ CHOICES = (
     (BASELINE, f"{BASELINE} INPUT.MIN_SIZE_TEST=400 INPUT.MAX_SIZE_TEST=400"),
     (BASELINE, f"{BASELINE} TEST.BBOX_VOTE.ENABLED=False"),
     (BASELINE, f"{BASELINE} TEST.BBOX_VOTE.VOTE_TH=0.6"),
+    (BASELINE, f"{BASELINE} SOLVER.LR_SCHEDULER_NAME=WarmupCosineLR SOLVER.STEPS_EPOCHS=()"),
+    (BASELINE, f"{BASELINE} SOLVER.IMS_PER_BATCH=8"),
+    (BASELINE, f"{BASELINE} MODEL.RESNETS.NORM=BN MODEL.FPN.NORM=BN"),
+    (BASELINE, f"{BASELINE} SOLVER.OPTIMIZER=SGD SOLVER.BASE_LR=0.0025 SOLVER.WEIGHT_DECAY=0.0001"),
+    # the SASA demo's zero-initialized residual blocks, on the route its runs take today (cpp)
+    ("trees_SASA_R_26_slim_FPN MODEL.SASA.IMPL=cpp",
+     "trees_SASA_R_26_slim_FPN MODEL.SASA.IMPL=cpp MODEL.RESNETS.ZERO_INIT_RESIDUAL=False"),
 )
 
 
-#: The SASA demo on its two CPU routes (the headline runs predate the C++ kernel): same recipe.
-ROUTES = ("trees_SASA_R_26_slim_FPN", "trees_SASA_R_26_slim_FPN MODEL.SASA.IMPL=cpp")
+#: The attention demos on their CPU routes (the headline runs predate the C++ kernels): same recipe.
+ROUTES = (
+    "trees_SASA_R_26_slim_FPN",
+    "trees_SASA_R_26_slim_FPN MODEL.SASA.IMPL=cpp",
+    "trees_AA_R_26_slim_FPN",
+    "trees_AA_R_26_slim_FPN MODEL.AA.IMPL=cpp",
+)
 
 #: The broken-attention mutations of tests/helpers/broken_attention.py, the learning table's columns.
 MUTATIONS = ("relative_zero", "off_by_one", "uniform")
