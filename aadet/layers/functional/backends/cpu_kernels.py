@@ -141,9 +141,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for kernel in KERNELS.values():
-        if kernel.build(verbose=args.verbose) is None:
+        ext = kernel.build(verbose=args.verbose)
+        if ext is None:
             print(f"[aadet] {kernel.what}: not built ({kernel.build_error()}); "
                   f"the CPU uses '{kernel.fallback}'")
         else:
-            print(f"[aadet] {kernel.what}: ready ({kernel._ext.__file__})")
+            print(f"[aadet] {kernel.what}: ready ({ext.__file__})")
     return 0

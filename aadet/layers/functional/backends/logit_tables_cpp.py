@@ -128,13 +128,10 @@ def cpp_attention_with_row_col_tables(
     if q.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
     check_row_col_tables(q, k, v, t_row, t_col, width)
-    *batch, length, dk = q.shape
-    n = 1
-    for s in batch:
-        n *= s
+    *batch, length, _ = q.shape
 
     def flat(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else t.reshape(n, length, t.shape[-1])
+        return None if t is None else t.reshape(-1, length, t.shape[-1])
 
     out = _CppRowColAttention.apply(flat(q), flat(k), flat(v), flat(t_row), flat(t_col), width)
     return out.reshape(*batch, length, v.shape[-1])
