@@ -207,7 +207,7 @@ def test_check_dataset_prints_and_writes_a_config_that_loads(tiles, tmp_path, ca
     assert cfg.DATASETS.TRAIN == ("cells_train",) and cfg.DATASETS.TEST == ("cells_val",)
     assert cfg.MODEL.RETINANET.NUM_CLASSES == 1
     assert len(DatasetCatalog.get("cells_val")) == 4
-    assert cfg.MODEL.RESNETS.NORM == "GN"  # the rest comes from the base
+    assert cfg.MODEL.RESNETS.NORM == "BN"  # the rest comes from the base
     # the demos mirror every tile for their own val image; the written config flips like the papers
     assert load_config(DEMO).INPUT.SCALE_JITTER.FLIP_PROB == 1.0
     assert cfg.INPUT.SCALE_JITTER.FLIP_PROB == 0.5

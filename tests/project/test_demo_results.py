@@ -21,6 +21,7 @@ from aadet.analysis.demo_results import (
     build_demo_results,
     entry_name,
     recipe_opts,
+    summary_recipe_opts,
     render_results_table,
     render_variant_table,
     replace_block,
@@ -62,7 +63,7 @@ def test_summary_was_made_with_todays_config(summary):
     differ from the defaults must be the ones the run recorded."""
     from aadet.engine import apply_epoch_schedule, get_aadet_cfg, load_config
 
-    opts = [x for kv in recipe_opts(summary["opts"]) for x in kv]
+    opts = [x for kv in summary_recipe_opts(summary) for x in kv]
     cfg = load_config(os.path.join(REPO, summary["config_file"]), opts, freeze=False)
     if not summary.get("eval_only"):
         apply_epoch_schedule(cfg)
@@ -159,11 +160,30 @@ def test_recipe_opts_leave_out_where_a_run_executes():
     assert entry_name(s) == f"{BASELINE} INPUT.MIN_SIZE_TEST=400"
 
 
+def test_runs_before_a_recipe_change_keep_their_old_value_in_their_name():
+    """RECIPE_CHANGES (GN -> BN): a run that recorded GN without setting it is today's config with
+    GN; one that set BN on its command line is today's config; an explicit setting stays."""
+    old = dict(_summary(BASELINE, 7, 1.0, 1.0),
+               config_diff={"MODEL.RESNETS.NORM": "GN", "MODEL.FPN.NORM": "GN"})
+    assert entry_name(old) == f"{BASELINE} MODEL.RESNETS.NORM=GN MODEL.FPN.NORM=GN"
+    bn = ["MODEL.RESNETS.NORM", "BN", "MODEL.FPN.NORM", "BN"]
+    ahead = dict(_summary(BASELINE, 7, 1.0, 1.0, bn),
+                 config_diff={"MODEL.RESNETS.NORM": "BN", "MODEL.FPN.NORM": "BN"})
+    assert summary_recipe_opts(ahead) == () and entry_name(ahead) == BASELINE
+    gn = dict(_summary(BASELINE, 7, 1.0, 1.0, ["MODEL.FPN.NORM", "GN"]),
+              config_diff={"MODEL.RESNETS.NORM": "BN", "MODEL.FPN.NORM": "GN"})
+    assert entry_name(gn) == f"{BASELINE} MODEL.FPN.NORM=GN"
+    variant = dict(old, opts=["INPUT.MIN_SIZE_TEST", "400"])  # a variant of the old recipe
+    assert entry_name(variant) == f"{entry_name(old)} INPUT.MIN_SIZE_TEST=400"
+    elsewhere = dict(old, config_file="configs/COCO/x.yaml")  # only the demo configs changed
+    assert entry_name(elsewhere) == "x"
+
+
 def test_record_tool_adds_runs_and_checks(tmp_path, capsys):
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
     blocks = "".join(f"<!-- demo-results:{b}:begin -->\n<!-- demo-results:{b}:end -->\n"
-                     for b in ("headline", "choices", "routes"))
+                     for b in ("headline", "choices", "gn"))
     (repo / "docs" / "demo_results.md").write_text("# x\n" + blocks)
     table = render_markdown([], MARKDOWN_COMMAND).replace(  # one row: the conv demo
         "\n\n" + TABLE_END, f"\n| `Demo/{BASELINE}` |" + " 1 |" * (len(COLUMNS) - 1) + "\n\n" + TABLE_END)
