@@ -88,3 +88,22 @@ def test_benchmarks_md_shows_the_committed_report():
     assert render_cpu_markdown(bench) in text
     assert bench["commit"] and bench["dirty"] is False
     assert f"measured at commit {bench['commit'][:7]}" in text
+
+
+def test_benchmarks_md_profile_is_the_committed_run():
+    # The "what bounds the misses" figures come from tools/profile_step.py's JSON under
+    # docs/runs/benchmarks, made from a clean checkout of the commit the text names, with the
+    # command shown above them; each demo's step time in the text is the JSON's.
+    with open(os.path.join(REPO, "docs", "runs", "benchmarks", "profile_demo_cpu.json")) as f:
+        prof = json.load(f)
+    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
+        text = " ".join(f.read().replace("\\\n", " ").split())  # one line, continuations joined
+    assert prof["commit"] and prof["dirty"] is False
+    assert f"measured at commit {prof['commit'][:7]}" in text
+    configs = [r["config"] for r in prof["results"]]
+    assert "python tools/profile_step.py --configs " + " ".join(configs) in text
+    base = prof["results"][0]["step_ms"]
+    for r in prof["results"]:
+        assert f"{r['step_ms']:.0f} ms" in text, r["config"]
+        if r is not prof["results"][0]:
+            assert f"{r['step_ms'] / base:.2f}x" in text or f"{r['step_ms'] / base:.1f}x" in text, r["config"]
