@@ -31,6 +31,7 @@ __all__ = [
     "TEST",
     "BASELINE",
     "RECIPE_CHANGES",
+    "RECIPE_CHANGED_CONFIGS",
     "recipe_opts",
     "summary_recipe_opts",
     "entry_name",
@@ -54,14 +55,17 @@ BLOCK_BEGIN = "<!-- demo-results:{name}:begin -->"
 BLOCK_END = "<!-- demo-results:{name}:end -->"
 
 
-#: Values of the demo configs (``configs/Demo``) changed after runs had been recorded with the old
-#: value, ``KEY: (old, new)``. GN -> BN in the backbone and FPN (``Base-Trees.yaml``): GN, chosen
-#: on val, did not hold on test (docs/demo_results.md, recipe choices re-judged on test).
+#: Values of demo configs changed after runs had been recorded with the old value,
+#: ``KEY: (old, new)``, in the configs :data:`RECIPE_CHANGED_CONFIGS`. GN -> BN in the backbone
+#: and FPN: GN, chosen on val, did not hold on test for these demos (docs/demo_results.md,
+#: recipe choices re-judged on test).
 RECIPE_CHANGES: Mapping[str, Tuple[str, str]] = {
     "MODEL.RESNETS.NORM": ("GN", "BN"),
     "MODEL.FPN.NORM": ("GN", "BN"),
 }
-_CHANGED_CONFIGS = "configs/Demo/"
+RECIPE_CHANGED_CONFIGS = tuple(
+    f"configs/Demo/trees_{name}.yaml" for name in ("R_26_slim_FPN", "AA_R_26_slim_FPN", "SASA_R_26_slim_FPN")
+)
 
 
 def recipe_opts(opts: Sequence[str]) -> Tuple[Tuple[str, str], ...]:
@@ -76,7 +80,7 @@ def summary_recipe_opts(summary: Mapping) -> Tuple[Tuple[str, str], ...]:
     ``(KEY, old)`` for each changed key the run recorded (``config_diff``) at its old value without
     setting it."""
     given = recipe_opts(summary.get("opts", []))
-    if not summary["config_file"].startswith(_CHANGED_CONFIGS):
+    if summary["config_file"] not in RECIPE_CHANGED_CONFIGS:
         return given
     set_keys = {k for k, _ in given}
     recorded = summary.get("config_diff", {})

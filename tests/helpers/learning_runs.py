@@ -27,17 +27,15 @@ SEEDS = (42, 7, 123)
 class LearningRun(NamedTuple):
     """One learning test: its demo config, the shortening, and what the run must reach.
 
-    ``min_ap50``: val AP50 every correct run must reach, at least ``margin`` AP50 points below the
-    worst measured correct run. ``catches``: the mutations whose runs stay ``margin`` below
-    ``min_ap50`` on every measured seed (the test asserts it only for these, through
-    ``AADET_BREAK_ATTENTION``).
+    ``min_ap50``: val AP50 every correct run must reach (below the worst measured correct run).
+    ``catches``: the mutations whose runs stay below ``min_ap50`` on every measured seed (the
+    test asserts it only for these, through ``AADET_BREAK_ATTENTION``).
     """
 
     config: str
     opts: Sequence[str]
     min_ap50: float
     catches: Sequence[str] = ()
-    margin: float = 1.0
 
 
 def _shorten(epochs: int) -> List[str]:
@@ -47,12 +45,13 @@ def _shorten(epochs: int) -> List[str]:
             "SOLVER.WARMUP_ITERS", "30"]
 
 
-#: Architecture -> its learning run. Measured on the committed (BN) recipe, 3 seeds each (42, 7,
-#: 123; docs/testing.md, docs/runs/learning), val AP50 worst-best of the correct runs: conv
-#: 17.8-27.5, AA 16.9-24.8, SASA 22.4-26.0, all attention 0.6-1.2. No run asserts a mutation: the
-#: mutation runs (3 seeds each, measured on the GN recipe before the demos moved to BN, not
-#: repeated) separated none from the correct runs, a broken model learning as far in so short a
-#: run; the layer learning test and the float64 exactness tests catch them.
+#: Architecture -> its learning run, on the committed recipe of its demo (BN in the backbone and
+#: FPN, the all-attention demo GN), 3 seeds each (42, 7, 123; docs/testing.md, docs/runs/learning).
+#: Val AP50, worst-best of the correct runs: conv 17.8-27.5, AA 16.9-24.8, SASA 22.4-26.0, all
+#: attention 1.4-1.8. No run asserts a mutation: the mutation runs (3 seeds each, measured on GN
+#: before the conv, AA and SASA demos moved to BN, not repeated) separated none from the correct
+#: runs, a broken model learning as far in so short a run; the layer learning test and the float64
+#: exactness tests catch them.
 RUNS: Dict[str, LearningRun] = {
     "conv": LearningRun("trees_R_26_slim_FPN.yaml", _shorten(12), 15.0),
     "aa": LearningRun("trees_AA_R_26_slim_FPN.yaml", _shorten(12), 15.0),
@@ -61,9 +60,7 @@ RUNS: Dict[str, LearningRun] = {
         "trees_SASA_full_attention_R_26_slim.yaml",
         # its committed config trains batch 8: 16 epochs are 124 iterations; 160 px crops
         [*_shorten(16), "INPUT.SCALE_JITTER.CROP_SIZE", "160"],
-        # finds crowns at all (an untrained RetinaNet scores 0): its AP50 after 124 iterations is
-        # about 1, too little for a 1-point margin; its loss falls to 0.57-0.61 of the first
-        0.1, margin=0.5,
+        0.3,  # learns at all: an untrained RetinaNet scores 0
     ),
 }
 

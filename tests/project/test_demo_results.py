@@ -175,8 +175,8 @@ def test_runs_before_a_recipe_change_keep_their_old_value_in_their_name():
     assert entry_name(gn) == f"{BASELINE} MODEL.FPN.NORM=GN"
     variant = dict(old, opts=["INPUT.MIN_SIZE_TEST", "400"])  # a variant of the old recipe
     assert entry_name(variant) == f"{entry_name(old)} INPUT.MIN_SIZE_TEST=400"
-    elsewhere = dict(old, config_file="configs/COCO/x.yaml")  # only the demo configs changed
-    assert entry_name(elsewhere) == "x"
+    elsewhere = dict(old, config_file="configs/Demo/trees_SASA_full_attention_R_26_slim.yaml")
+    assert entry_name(elsewhere) == "trees_SASA_full_attention_R_26_slim"  # not a changed config
 
 
 def test_record_tool_adds_runs_and_checks(tmp_path, capsys):
