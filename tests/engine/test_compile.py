@@ -17,7 +17,7 @@ from aadet.engine.compile import CompileUnavailableError, maybe_compile
 
 from tests.helpers import load_tool
 from tests.helpers.detectors import random_detector
-from tests.helpers.tiny_training import DEMO, TINY, run_worker
+from tests.helpers.tiny_training import DEMO, TINY, WELL_CONDITIONED, run_worker
 
 
 def _losses(out):
@@ -157,7 +157,7 @@ def test_compiled_training_matches_eager_and_its_checkpoint_loads_uncompiled(dat
 def test_compiled_inference_matches_eager():
     """What evaluation runs: the demo detector (random weights whose scores spread) compiled by
     Inductor finds the eager model's detections on images of three sizes (dynamic shapes)."""
-    opts = ["MODEL.DEVICE", "cpu", "MODEL.COMPILE.ENABLED", "True"]
+    opts = ["MODEL.DEVICE", "cpu", "MODEL.COMPILE.ENABLED", "True", *WELL_CONDITIONED]
     cfg, compiled = random_detector(DEMO, opts)
     _, eager = random_detector(DEMO, opts)  # the same seed: the same weights
     maybe_compile(compiled, cfg)

@@ -17,7 +17,7 @@ from aadet.engine.ema import ModelEMA, ema_decay
 from aadet.engine.hooks import EMAHook
 
 from tests.helpers import REPO
-from tests.helpers.tiny_training import DEMO, run_worker
+from tests.helpers.tiny_training import DEMO, WELL_CONDITIONED, run_worker
 
 
 def _net():
@@ -148,7 +148,7 @@ def test_training_and_eval_only_evaluate_the_average(data_env, tmp_path):
         p = subprocess.run(
             [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--config-file", DEMO,
              "--eval-only", "MODEL.WEIGHTS", str(tmp_path / "model_final.pth"),
-             "OUTPUT_DIR", str(tmp_path / name), "MODEL.DEVICE", "cpu", *opts],
+             "OUTPUT_DIR", str(tmp_path / name), "MODEL.DEVICE", "cpu", *WELL_CONDITIONED, *opts],
             env=env, capture_output=True, text=True, timeout=300,
         )
         assert p.returncode == 0, p.stderr[-3000:]

@@ -15,7 +15,7 @@ from aadet.engine import get_aadet_cfg, load_config
 from aadet.modeling import RetinaNetWithTTA
 
 from tests.helpers import REPO
-from tests.helpers.tiny_training import DEMO, run_worker
+from tests.helpers.tiny_training import DEMO, WELL_CONDITIONED, run_worker
 
 BLOB = (20.0, 30.0, 60.0, 70.0)  # x0, y0, x1, y1 of the bright square in the original image
 
@@ -88,7 +88,7 @@ def test_one_augmentation_at_the_test_size_equals_plain_inference():
          "TEST.AUG.ENABLED", "True", "TEST.AUG.MIN_SIZES", "(448,)", "TEST.AUG.MAX_SIZE", "448",
          "TEST.AUG.FLIP", "False",
          # the merge of a voted pass would vote again (tests/modeling/test_box_voting.py covers that)
-         "TEST.BBOX_VOTE.ENABLED", "False"],
+         "TEST.BBOX_VOTE.ENABLED", "False", *WELL_CONDITIONED],
     )
     torch.manual_seed(0)
     model = build_model(cfg).eval()
@@ -129,7 +129,7 @@ def test_training_and_eval_only_report_bbox_tta(data_env, tmp_path):
     p = subprocess.run(
         [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--config-file", DEMO,
          "--eval-only", "MODEL.WEIGHTS", str(tmp_path / "model_final.pth"),
-         "OUTPUT_DIR", str(tmp_path / "eval"), "MODEL.DEVICE", "cpu", *tta],
+         "OUTPUT_DIR", str(tmp_path / "eval"), "MODEL.DEVICE", "cpu", *WELL_CONDITIONED, *tta],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert p.returncode == 0, p.stderr[-3000:]
