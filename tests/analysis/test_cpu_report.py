@@ -107,3 +107,21 @@ def test_benchmarks_md_profile_is_the_committed_run():
         assert f"{r['step_ms']:.0f} ms" in text, r["config"]
         if r is not prof["results"][0]:
             assert f"{r['step_ms'] / base:.2f}x" in text or f"{r['step_ms'] / base:.1f}x" in text, r["config"]
+
+
+@pytest.mark.parametrize("run,tool", [("layers_cpu", "benchmark_layers"), ("layers_aa_cpu", "benchmark_layers"),
+                                      ("layers_aa20_cpu", "benchmark_layers"), ("demo_cpu", "benchmark"),
+                                      ("coco_cpu", "benchmark")])
+def test_benchmarks_md_tables_are_the_committed_runs(run, tool):
+    # Every row of BENCHMARKS.md's CPU layer and model tables is its tool's rendering of the run's
+    # JSON under docs/runs/benchmarks (a number typed in, or a table left from an older run, fails).
+    from tests.helpers import load_tool
+
+    with open(os.path.join(REPO, "docs", "runs", "benchmarks", f"{run}.json")) as f:
+        report = json.load(f)
+    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
+        text = f.read()
+    rows = [line for line in load_tool(tool).render_markdown(report).splitlines()
+            if line.startswith("| ") and not line.startswith(("| Map", "| Config"))]
+    missing = [r for r in rows if r not in text]
+    assert rows and not missing, f"rows of {run}.json not in BENCHMARKS.md:\n" + "\n".join(missing)

@@ -95,8 +95,8 @@ LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)
 def auto_local_attention_impl(q: torch.Tensor, kernel_size: int = 7) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
     (plain tensor ops only), ``"fused"`` on CUDA, and on CPU the C++ kernel ``"cpp"`` where it
-    builds and takes ``kernel_size`` (the fastest exact CPU route: 0.77-0.92x a 3x3 conv's
-    training time against 2.2-2.4x for ``"neighborhood"``, BENCHMARKS.md), else ``"neighborhood"``
+    builds and takes ``kernel_size`` (the fastest exact CPU route: below a 3x3 conv's training
+    time where ``"neighborhood"`` takes over twice it; figures in BENCHMARKS.md), else ``"neighborhood"``
     (with one warning saying why)."""
     if is_exporting():
         return "materialized"

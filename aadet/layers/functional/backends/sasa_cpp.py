@@ -17,8 +17,8 @@ windows clipped to the map) with the kernels of ``csrc/sasa_cpu.cpp``:
 
 Every loop runs along a row of the channels-first maps in SIMD vectors, with the window's offsets
 (or a block of channels) accumulated in registers; rows run in parallel on PyTorch's intra-op
-threads. On this project's CPU the layer's training step (256 channels, k 7) takes 0.77-0.92x a
-3x3 convolution's, against 2.2-2.4x on the neighborhood route (BENCHMARKS.md). Arithmetic in
+threads. On this project's CPU the layer's training step (256 channels, k 7) takes less time than a
+3x3 convolution's, and the neighborhood route's over twice it (figures in BENCHMARKS.md). Arithmetic in
 float32 (exp: a vectorized polynomial, relative error ~1e-7), or float64 for float64 inputs (the
 exactness tests), output in ``v``'s dtype, as the neighborhood route.
 

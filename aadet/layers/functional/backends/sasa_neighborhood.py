@@ -13,8 +13,8 @@ intermediate is the attention matrix itself, ``[N, k^2, H, W]`` (what any exact 
 49 floats per pixel and head for ``k = 7``); keys and values are never copied ``k^2`` times.
 Logits and softmax are float32 (float64 for float64 inputs). Work equals the papers' count
 (``2 k^2 dk`` per pixel and head) with no halo overhead, but in ``4 k^2`` memory-bound
-elementwise passes over the maps: on CPU about 2x a 3x3 convolution's time where the C++ kernel
-takes 0.77-0.92x (BENCHMARKS.md).
+elementwise passes over the maps: on CPU over twice a 3x3 convolution's time where the C++ kernel
+takes less than it (figures in BENCHMARKS.md).
 
 The custom function (and its in-place ``out=`` kernels) does not export: under tracing or ONNX
 export ``impl="auto"`` takes the materialized halo route instead
