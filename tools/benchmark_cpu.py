@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from aadet.analysis.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown  # noqa: E402
+from aadet.analysis.report import write_json  # noqa: E402
 from aadet.utils.run_summary import git_commit  # noqa: E402
 
 
@@ -52,9 +53,7 @@ def main(argv=None):
     bench = dict(benchmarks_cpu(reports, commands), **git_commit(REPO))  # + commit, dirty
     print(render_cpu_markdown(bench))
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(bench, f, indent=1)
-            f.write("\n")
+        write_json(args.output_json, bench)
     return 0
 
 

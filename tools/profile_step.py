@@ -24,7 +24,6 @@ Configs run one after the other in this process (a profile, not a ratio target: 
 ``tools/benchmark_cpu.py``'s). Run it on an otherwise idle machine.
 """
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -38,6 +37,7 @@ import torch  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from aadet.analysis.report import write_json  # noqa: E402
 from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 from aadet.analysis.timing import measure  # noqa: E402
 from aadet.utils.run_summary import git_commit, machine_description  # noqa: E402
@@ -169,9 +169,7 @@ def main(argv=None) -> int:
         "results": results,
     }
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.output_json, report)
     return 0
 
 

@@ -46,6 +46,7 @@ DEMOS = (
 #: before GN -> BN (:data:`~aadet.analysis.demo_results.RECIPE_CHANGES`); runs recorded before
 #: the change are named with these overrides.
 GN = " ".join(f"{key}={old}" for key, (old, _) in RECIPE_CHANGES.items())
+BN = " ".join(f"{key}={new}" for key, (_, new) in RECIPE_CHANGES.items())  # as committed now
 GN_BASELINE = f"{BASELINE} {GN}"
 _SASA_GN_CPP = f"trees_SASA_R_26_slim_FPN {GN} MODEL.SASA.IMPL=cpp"
 
@@ -66,8 +67,7 @@ CHOICES = (
     # predate the SASA kernel)
     (f"trees_AA_R_26_slim_FPN {GN} MODEL.AA.IMPL=cpp", "trees_AA_R_26_slim_FPN"),
     (_SASA_GN_CPP, "trees_SASA_R_26_slim_FPN"),
-    ("trees_SASA_full_attention_R_26_slim",
-     "trees_SASA_full_attention_R_26_slim " + " ".join(f"{k}={new}" for k, (_, new) in RECIPE_CHANGES.items())),
+    ("trees_SASA_full_attention_R_26_slim", f"trees_SASA_full_attention_R_26_slim {BN}"),
 )
 
 
