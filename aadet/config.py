@@ -8,19 +8,24 @@ Papers:
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
 """
 import difflib
-from typing import List, Optional
+import inspect
+from typing import Any, Dict, List, Optional
 
 from detectron2.config import CfgNode as CN
 from detectron2.utils.registry import Registry
 
 from .layers import (
     AA_POSITIONAL_ENCODINGS,
-    LOCAL_ATTENTION_IMPLS,
-    LOGIT_TABLE_IMPLS,
+    LOCAL_ATTENTION_BACKENDS,
+    LOGIT_TABLE_BACKENDS,
     SASA_POSITIONAL_ENCODINGS,
-    check_impl,
+    AugmentedConv2d,
+    LocalSelfAttention2d,
+    SpatiallyAwareAttentionStem,
     check_kernel_size,
 )
+from .layers.augmented_conv import KAPPA_RANGE, NU_RANGE
+from .layers.functional.checks import check_in
 from .utils.d2compat import NamedRegistry
 
 __all__ = [
@@ -31,6 +36,7 @@ __all__ = [
     "config_keys",
     "similar_config_keys",
     "config_error",
+    "layer_defaults",
     "check_one_of",
     "check_subset",
     "check_aa_config",
@@ -49,8 +55,9 @@ __all__ = [
     "RETINANET_HEAD_REGISTRY",
 ]
 
-# The allowed values of aadet's keys that no layer owns (the layers' own lists -- positional
-# encodings, implementations -- are imported above: one definition each).
+# The allowed values of aadet's keys that no layer owns (the layers' own lists and ranges --
+# positional encodings, kappa's and nu's ranges, the implementation routes -- are imported above:
+# one definition each).
 STAGE_NAMES = ("res2", "res3", "res4", "res5")  # ResNet stages a key may name
 # Norm names understood by detectron2.layers.get_norm (plus "" for none).
 NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
@@ -66,6 +73,16 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 #: The allowed IoU thresholds of a box vote (TEST.BBOX_VOTE.VOTE_TH, aadet.modeling.box_voting),
 #: in words (error messages).
 VOTE_THRESH_ALLOWED = "in (0, 1]"
+
+
+def layer_defaults(layer) -> Dict[str, Any]:
+    """``{argument: default}`` of ``layer``'s signature: where the keys of its arguments take
+    their defaults (so each default is written once, in the layer)."""
+    return {
+        name: p.default
+        for name, p in inspect.signature(layer).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 def compile_backends() -> List[str]:
@@ -147,8 +164,13 @@ def similar_config_keys(cfg, key: str, n: int = 3) -> List[str]:
 
 
 def add_aadet_config(cfg):
-    """Add aadet's keys (with the papers' defaults) to a Detectron2 config, in place."""
+    """Add aadet's keys (with the papers' defaults) to a Detectron2 config, in place.
+
+    The keys of a layer's arguments take their defaults from the layer's signature."""
     _C = cfg
+    aa_layer = layer_defaults(AugmentedConv2d)
+    sasa_layer = layer_defaults(LocalSelfAttention2d)
+    stem = layer_defaults(SpatiallyAwareAttentionStem)
 
     # ---------------------------------------------------------------- data recipe (both papers)
     # Training augmentation of the AA/SASA RetinaNet recipe (AA appendix A.1): resize so that the
@@ -245,12 +267,12 @@ def add_aadet_config(cfg):
     _C.MODEL.AA.STAGES = ("res3", "res4", "res5")
     # kappa = dk / Fout and nu = dv / Fout (paper: kappa = 2 nu = 0.2; ResNet-34 uses 0.25/0.25).
     # dk and dv are rounded to the nearest multiple of NUM_HEADS (at least NUM_HEADS).
-    _C.MODEL.AA.KAPPA = 0.2
-    _C.MODEL.AA.NU = 0.1
-    _C.MODEL.AA.NUM_HEADS = 8  # paper: 8
-    # aadet.layers.AA_POSITIONAL_ENCODINGS: "relative" (paper), "none", "sine2d", "coordconv"
-    # (paper's ablation, Tables 6-7).
-    _C.MODEL.AA.POSITIONAL_ENCODING = "relative"
+    _C.MODEL.AA.KAPPA = aa_layer["kappa"]
+    _C.MODEL.AA.NU = aa_layer["nu"]
+    _C.MODEL.AA.NUM_HEADS = aa_layer["num_heads"]  # paper: 8
+    # A name in aadet.layers.AA_POSITIONAL_ENCODINGS: "relative" (paper), or the ablations of its
+    # Tables 6-7.
+    _C.MODEL.AA.POSITIONAL_ENCODING = aa_layer["positional_encoding"]
     # Stages where attention runs on a 3x3/2 average-pooled input, bilinearly upsampled back
     # (paper: only the first augmented stage). () = full resolution everywhere.
     _C.MODEL.AA.DOWNSAMPLE_STAGES = ("res3",)
@@ -258,49 +280,39 @@ def add_aadet_config(cfg):
     # tables of 2 * ceil(MAX_INPUT_SIZE / stride) - 1 rows. A larger feature map is an error
     # unless CLIP_DISTANCES, which clips relative distances to the table (as in Shaw et al.).
     _C.MODEL.AA.MAX_INPUT_SIZE = 1024
-    _C.MODEL.AA.CLIP_DISTANCES = False
+    _C.MODEL.AA.CLIP_DISTANCES = aa_layer["clip_distances"]
     # Minimum key depth per head: dk = max(rounded kappa * Fout, MIN_DK_PER_HEAD * NUM_HEADS).
     # The paper states 20 for its CIFAR models, and its ImageNet parameter counts (Table 2, and
     # Table 9's per-layer numbers) only come out with 20; its COCO RetinaNet counts (Table 4:
     # 33.4M -> 33.1M, i.e. fewer params) come out without it. Detection configs use 1.
-    _C.MODEL.AA.MIN_DK_PER_HEAD = 1
-    # How the global attention is computed (aadet.layers.LOGIT_TABLE_IMPLS; all exact, only
-    # speed/memory differ): "fused" (relative logits folded into the dot product through SDPA:
-    # the head widens by H + W), "materialized" (explicit float32 logits), "triton" (flash
-    # attention with the row/column tables added in the kernel; CUDA), "flex" (flex_attention
-    # score_mod; backward on CUDA only), "cpp" (a C++ kernel with the tables added in the
-    # softmax; CPU), or "auto": "cpp" on CPU where it builds, "fused" on CUDA, "materialized"
-    # for float64 and while exporting. Paper: not applicable (its TF code materializes the logits).
-    _C.MODEL.AA.IMPL = "auto"
+    _C.MODEL.AA.MIN_DK_PER_HEAD = aa_layer["min_dk_per_head"]
+    # How the global attention is computed: "auto" (aadet.layers.functional.logit_tables.
+    # auto_logit_table_impl) or a route of LOGIT_TABLE_BACKENDS there (all exact, only speed and
+    # memory differ; each route with its summary). Paper: its TF code materializes the logits.
+    _C.MODEL.AA.IMPL = aa_layer["impl"]
 
     # ---------------------------------------------------------------- Stand-Alone Self-Attention
     _C.MODEL.SASA = CN()
-    _C.MODEL.SASA.KERNEL_SIZE = 7  # spatial extent k (paper: 7), odd
-    _C.MODEL.SASA.NUM_HEADS = 8  # paper: 8
-    # aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine encoding,
-    # as MODEL.AA's), "none": paper Table 5.
-    _C.MODEL.SASA.POSITIONAL_ENCODING = "relative"
+    _C.MODEL.SASA.KERNEL_SIZE = sasa_layer["kernel_size"]  # spatial extent k, odd (paper: 7)
+    _C.MODEL.SASA.NUM_HEADS = sasa_layer["num_heads"]  # paper: 8
+    # A name in aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine
+    # encoding, as MODEL.AA's), "none": paper Table 5.
+    _C.MODEL.SASA.POSITIONAL_ENCODING = sasa_layer["positional_encoding"]
     # Stages whose spatial (3x3) convolution is replaced by local attention. Paper Table 1/2:
     # all four; Table 3 explores e.g. ("res4", "res5").
     _C.MODEL.SASA.STAGES = ("res2", "res3", "res4", "res5")
     # Stem: "conv" (ResNet 7x7/2 + maxpool) or "attention" (spatially-aware attention stem).
     _C.MODEL.SASA.STEM = "conv"
     # Attention stem (paper Section 3.2; its appendix with the exact values is not public):
-    _C.MODEL.SASA.STEM_MIXTURES = 4  # m value matrices mixed per position
-    _C.MODEL.SASA.STEM_NUM_HEADS = 1  # heads of the stem attention
-    _C.MODEL.SASA.STEM_BLOCK_SIZE = 4  # attention within each 4x4 block, then 4x4 max pooling
-    # How local attention is computed (aadet.layers.LOCAL_ATTENTION_IMPLS; all exact, only
-    # speed/memory differ, BENCHMARKS.md):
-    # "cpp" (C++ kernel, one pass over the window per query row, stores the [k^2, H, W] attention
-    # matrix; the fastest on CPU, compiled by `make setup`), "neighborhood" (window offsets one at
-    # a time, same storage; pure PyTorch), "fused" (blocked with halos through a fused SDPA kernel,
-    # never stores the attention matrix), "materialized" (blocked, explicit float32 softmax),
-    # "triton" (fused Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or
-    # "auto": "fused" on CUDA, "cpp" on CPU ("neighborhood" where the C++ kernel does not build),
-    # "materialized" while exporting.
-    _C.MODEL.SASA.IMPL = "auto"
+    _C.MODEL.SASA.STEM_MIXTURES = stem["num_mixtures"]  # m value matrices mixed per position (paper: 4)
+    _C.MODEL.SASA.STEM_NUM_HEADS = stem["num_heads"]  # heads of the stem attention
+    _C.MODEL.SASA.STEM_BLOCK_SIZE = stem["block_size"]  # attention in b x b blocks, b x b max pooling (paper: 4)
+    # How local attention is computed: "auto" (aadet.layers.functional.local_attention.
+    # auto_local_attention_impl) or a route of LOCAL_ATTENTION_BACKENDS there (all exact, only
+    # speed and memory differ; each route with its summary).
+    _C.MODEL.SASA.IMPL = sasa_layer["impl"]
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
-    _C.MODEL.SASA.BLOCK_SIZE = 8
+    _C.MODEL.SASA.BLOCK_SIZE = sasa_layer["block_size"]
 
     # ---------------------------------------------------------------- compiled models
     # Run the model through torch.compile in tools/train_net.py's training and evaluation
@@ -370,16 +382,14 @@ def check_aa_config(cfg):
     aa = cfg.MODEL.AA
     check_subset("MODEL.AA.STAGES", aa.STAGES, STAGE_NAMES)
     check_subset("MODEL.AA.DOWNSAMPLE_STAGES", aa.DOWNSAMPLE_STAGES, STAGE_NAMES)
-    if not 0.0 < aa.KAPPA <= 1.0:
-        raise config_error("MODEL.AA.KAPPA", "in (0, 1]", aa.KAPPA)
-    if not 0.0 < aa.NU < 1.0:
-        raise config_error("MODEL.AA.NU", "in (0, 1) (dv < Fout: some conv channels remain)", aa.NU)
+    check_in(aa.KAPPA, KAPPA_RANGE, "MODEL.AA.KAPPA", config_error)
+    check_in(aa.NU, NU_RANGE, "MODEL.AA.NU", config_error, " (dv < Fout: some conv channels remain)")
     _check_min("MODEL.AA.NUM_HEADS", aa.NUM_HEADS, 1)
     check_one_of("MODEL.AA.POSITIONAL_ENCODING", aa.POSITIONAL_ENCODING, AA_POSITIONAL_ENCODINGS)
     if aa.MAX_INPUT_SIZE <= 0:
         raise config_error("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
     _check_min("MODEL.AA.MIN_DK_PER_HEAD", aa.MIN_DK_PER_HEAD, 1)
-    check_impl(aa.IMPL, LOGIT_TABLE_IMPLS, name="MODEL.AA.IMPL", error=config_error)
+    LOGIT_TABLE_BACKENDS.check(aa.IMPL, "MODEL.AA.IMPL", config_error)
 
 
 def check_sasa_config(cfg):
@@ -395,7 +405,7 @@ def check_sasa_config(cfg):
     _check_min("MODEL.SASA.STEM_NUM_HEADS", sa.STEM_NUM_HEADS, 1)
     _check_min("MODEL.SASA.STEM_BLOCK_SIZE", sa.STEM_BLOCK_SIZE, 1)
     _check_min("MODEL.SASA.BLOCK_SIZE", sa.BLOCK_SIZE, 1)
-    check_impl(sa.IMPL, LOCAL_ATTENTION_IMPLS, name="MODEL.SASA.IMPL", error=config_error)
+    LOCAL_ATTENTION_BACKENDS.check(sa.IMPL, "MODEL.SASA.IMPL", config_error)
 
 
 def check_compile_config(cfg):

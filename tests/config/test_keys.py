@@ -1,4 +1,5 @@
-"""Config keys: schedule conversion and clear errors for bad values."""
+"""Config keys: schedule conversion, defaults from their owners and clear errors for bad values."""
+import inspect
 import re
 
 import pytest
@@ -125,7 +126,7 @@ def test_similar_config_keys():
         ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
         ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
         ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none')"),
-        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'cpp', 'fused', 'materialized', 'triton')"),
+        ("MODEL.SASA.IMPL", "unfold", "one of ('auto', 'neighborhood', 'cpp', 'fused', 'materialized', 'triton')"),
         ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
     ],
 )
@@ -150,7 +151,7 @@ def test_error_names_key_allowed_range_and_value(key, value, allowed):
 def test_allowed_values_come_from_their_owners():
     """One definition per fact: the config accepts exactly what the layers and registries do."""
     from aadet.layers import (
-        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_IMPLS, LOGIT_TABLE_IMPLS, SASA_POSITIONAL_ENCODINGS,
+        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS,
     )
     from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
 
@@ -171,11 +172,27 @@ def test_allowed_values_come_from_their_owners():
         == list(AA_POSITIONAL_ENCODINGS)
     assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + ["absolute"] + junk) \
         == list(SASA_POSITIONAL_ENCODINGS)
-    assert accepted("MODEL.SASA.IMPL", list(LOCAL_ATTENTION_IMPLS) + junk) == list(LOCAL_ATTENTION_IMPLS)
-    assert accepted("MODEL.AA.IMPL", list(LOGIT_TABLE_IMPLS) + junk) == list(LOGIT_TABLE_IMPLS)
+    sasa, aa = LOCAL_ATTENTION_BACKENDS.impls(), LOGIT_TABLE_BACKENDS.impls()
+    assert accepted("MODEL.SASA.IMPL", list(sasa) + junk) == list(sasa)
+    assert accepted("MODEL.AA.IMPL", list(aa) + junk) == list(aa)
     registered = sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY)
     assert registered == ["attention", "conv"]
     assert accepted("MODEL.FPN.SPATIAL_LAYER", registered + junk) == registered
+
+
+def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
+    """The layer keys' defaults are read from the layers' signatures: a changed signature changes
+    the config, with nothing else to edit."""
+    from aadet.layers import LocalSelfAttention2d
+
+    assert get_aadet_cfg().MODEL.SASA.KERNEL_SIZE == 7  # SASA Sec. 4: k = 7
+    signature = inspect.signature(LocalSelfAttention2d)
+    changed = signature.replace(parameters=[
+        p.replace(default=5) if p.name == "kernel_size" else p for p in signature.parameters.values()
+    ])
+    monkeypatch.setattr(LocalSelfAttention2d, "__signature__", changed, raising=False)
+    cfg = get_aadet_cfg()
+    assert cfg.MODEL.SASA.KERNEL_SIZE == 5
 
 
 def test_a_newly_registered_spatial_layer_is_accepted():

@@ -32,7 +32,7 @@ def _mutate(mutation, q, k, v, rel_h, rel_w):
 
 
 def break_attention(mutation: str, patch=setattr):
-    """Patch the functional attention entry points the layers call (module attributes).
+    """Patch the functional attention entry points the layers' forwards call (module attributes).
 
     ``patch(module, name, value)``: ``setattr`` (for a whole process, as ``__main__`` does) or
     pytest's ``monkeypatch.setattr`` (undone after the test, ``tests/layers/test_attention_learning.py``).
@@ -42,16 +42,16 @@ def break_attention(mutation: str, patch=setattr):
     import aadet.layers.augmented_conv as aa
     import aadet.layers.local_attention as sasa
 
-    local, relative = sasa.local_self_attention_2d, aa.relative_self_attention_2d
+    local, relative = sasa.local_self_attention_2d_unchecked, aa.relative_self_attention_2d_unchecked
 
-    def broken_local(q, k, v, rel_h, rel_w, kernel_size, **kwargs):
-        return local(*_mutate(mutation, q, k, v, rel_h, rel_w), kernel_size, **kwargs)
+    def broken_local(q, k, v, rel_h, rel_w, *args, **kwargs):
+        return local(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
 
-    def broken_relative(q, k, v, rel_h, rel_w, **kwargs):
-        return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), **kwargs)
+    def broken_relative(q, k, v, rel_h, rel_w, *args, **kwargs):
+        return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
 
-    patch(sasa, "local_self_attention_2d", broken_local)
-    patch(aa, "relative_self_attention_2d", broken_relative)
+    patch(sasa, "local_self_attention_2d_unchecked", broken_local)
+    patch(aa, "relative_self_attention_2d_unchecked", broken_relative)
 
 
 def mark_summary(argv, mutation: str) -> None:
