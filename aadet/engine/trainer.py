@@ -50,7 +50,7 @@ from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader, set_train_results
 from .checkpoint import AADetCheckpointer
 from .compile import maybe_compile
-from .ema import ModelEMA
+from .ema import build_model_ema
 from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
 from .optimizer import build_optimizer
 from .rank_sync import check_ranks_agree, weights_fingerprint
@@ -197,8 +197,7 @@ class Trainer(DefaultTrainer):
             return self.test_with_TTA(self.cfg, self.model)
 
     def build_hooks(self):
-        ema = self.cfg.MODEL_EMA
-        self.model_ema = ModelEMA(self.model, ema.DECAY) if ema.ENABLED else None
+        self.model_ema = build_model_ema(self.cfg, self.model)
         # Swap Detectron2's checkpointer for the atomic/strict one before hooks capture it.
         old = self.checkpointer
         self.checkpointer = AADetCheckpointer(
