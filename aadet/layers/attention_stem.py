@@ -30,7 +30,7 @@ from torch import nn
 
 from .functional.blocks import (
     add_block_relative_logits,
-    block_attention,
+    block_attention_unchecked,
     block_attention_probs,
     block_padding_mask,
     block_softmax,
@@ -231,7 +231,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         wq, wk, w_v = self._head_weights(xb.dtype)
         q, k = self._project_qk(xb, wq, wk)
         v = self._block_heads(torch.einsum("npi,poi->npo", xb, w_v))  # v_j = W_V(j) x_j
-        out = block_attention(q, k, v, self.rel_h, self.rel_w, self.block_size, mask)
+        # q, k, v are made above from the layer's checked weights: no argument to check again.
+        out = block_attention_unchecked(q, k, v, self.rel_h, self.rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
     def attention_probs(self, x: torch.Tensor, blocks: Optional[torch.Tensor] = None) -> torch.Tensor:
