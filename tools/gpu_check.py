@@ -7,7 +7,7 @@
     python tools/gpu_check.py --report-only --out DIR  # merge stage_*.json of separate runs
     python tools/gpu_check.py --report-only --allow-stale --out DIR  # ... some of another commit
 
-Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time budget,
+Stages, in order (``tools/aadet_tools/gpu_report.py`` names them; each has a time budget,
 ``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
 
 1. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
@@ -29,7 +29,7 @@ Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time b
    ``tools/benchmark_layers.py`` (SASA layer, 256 ch, k 7, vs a 3x3 conv) -> ``--bench-json``
    (default ``docs/benchmarks_cuda.json``) with a verdict per performance target (the attention
    models' time and memory as ratios to the conv R50, the SASA layer's to a 3x3 conv; limits in
-   ``aadet/analysis/gpu_report.py``): pass, or missed by how much. The targets are defined at
+   ``tools/aadet_tools/gpu_report.py``): pass, or missed by how much. The targets are defined at
    640x640, batch 8: a ``--quick`` run's numbers are labelled "smoke run, not comparable to
    targets" and get no verdict.
 
@@ -71,7 +71,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from aadet.analysis import gpu_report  # noqa: E402
+from aadet_tools import gpu_report  # noqa: E402
 from aadet.analysis.report import write_json  # noqa: E402
 from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 from aadet.analysis.timing import environment_info, run_worker  # noqa: E402

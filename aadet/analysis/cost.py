@@ -4,7 +4,7 @@
 Every number comes from one of two routes, and the table says which (``Source``):
 
 * **measured**: ``docs/benchmarks_cuda.json`` (``make gpu-check``; schema in
-  :mod:`aadet.analysis.gpu_report`) holds the config's training step at 8 images of 640x640 on one
+  ``tools/aadet_tools/gpu_report.py``) holds the config's training step at 8 images of 640x640 on one
   GPU (``train_ms``, forward + backward + SGD step on a synthetic batch) and its peak memory
   (``train_peak_mib``). One iteration of the 8-GPU run (64 images) = that step x
   :data:`DDP_OVERHEAD` (gradient all-reduce, SyncBN's all-reduces, data loading, evaluation

@@ -1,4 +1,5 @@
-"""The import graph of ``aadet`` has floors and no cycles; tools import only the library.
+"""The import graph of ``aadet`` has floors and no cycles; tools import the library and their own
+shared package ``aadet_tools`` (``tools/aadet_tools/``), which ``aadet`` never imports.
 
 Floors, lowest first (``/work/shared/STYLE.md``; Detectron2 has the same shape): a module never
 imports one on a higher floor, not even inside a function. Same-floor imports are allowed where
@@ -8,7 +9,8 @@ they form no cycle, neither between modules nor between the packages of a floor.
     1  aadet.utils, aadet.config
     2  aadet.modeling, aadet.data, and ``aadet/__init__.py`` (it imports config and modeling)
     3  aadet.engine, aadet.export, aadet.analysis
-    4  tools/*.py (each imports aadet and third-party packages, never another tool)
+    4  tools/aadet_tools (the tools' shared code: imports aadet, never a tool)
+    5  tools/*.py (each imports aadet, aadet_tools and third-party packages, never another tool)
 
 Every module is parsed with ``ast`` (nothing is imported): all ``import`` / ``from ... import``
 statements, at any depth (functions, ``try``, ``if TYPE_CHECKING``), relative ones resolved.
@@ -25,6 +27,8 @@ import pytest
 from tests.helpers import REPO
 
 PACKAGE = "aadet"
+#: The tools' shared package (``tools/aadet_tools``): not part of the installed aadet.
+TOOLS_PACKAGE = "aadet_tools"
 
 #: Floor of each package of aadet (a module's floor is its package's); a new top-level module or
 #: package must be added here.
@@ -39,7 +43,6 @@ FLOORS: Dict[str, int] = {
     "aadet.analysis": 3,
 }
 ROOT_FLOOR = 2  # aadet/__init__.py alone (not the modules under it)
-TOOLS_FLOOR = 4
 
 Edge = Tuple[str, str, int]  # (importer, imported, line)
 
@@ -243,6 +246,35 @@ def test_tools_import_the_library_not_each_other():
             if target.split(".")[0] in tools:
                 bad.append(f"{path}:{line}: tools/{name}.py imports {target} (tools/{target.split('.')[0]}.py)")
     assert not bad, "tools import other tools (move the shared code into aadet):\n" + "\n".join(bad)
+
+
+def tools_package_files(root: str = REPO) -> Dict[str, str]:
+    """``{dotted module name: file}`` of ``tools/aadet_tools``."""
+    return module_files(os.path.join(root, "tools"), TOOLS_PACKAGE)
+
+
+def test_the_tools_package_imports_the_library_and_no_tool():
+    tools, modules = tool_files(), tools_package_files()
+    assert modules, f"no {TOOLS_PACKAGE} package under tools/"
+    bad = [
+        f"{path}:{line}: {name} imports {target} (tools/{target.split('.')[0]}.py)"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if target.split(".")[0] in tools
+    ]
+    assert not bad, f"{TOOLS_PACKAGE} imports tools (a tool imports it, not the reverse):\n" + "\n".join(bad)
+
+
+def test_the_library_never_imports_the_tools_package(graph):
+    modules, _ = graph
+    bad = [
+        f"{path}:{line}: {name} imports {target}"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if target.split(".")[0] == TOOLS_PACKAGE
+    ]
+    assert not bad, f"aadet imports {TOOLS_PACKAGE} (the tools' code is not part of the installed package):\n" + \
+        "\n".join(bad)
 
 
 def test_the_library_never_imports_a_tool(graph):

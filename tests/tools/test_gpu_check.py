@@ -1,4 +1,4 @@
-"""``tools/gpu_check.py`` and ``aadet/analysis/gpu_report.py`` on CPU: the benchmark JSON ->
+"""``tools/gpu_check.py`` and ``tools/aadet_tools/gpu_report.py`` on CPU: the benchmark JSON ->
 ``benchmarks_cuda.json`` conversion with its target verdicts (synthetic benchmark outputs with
 known numbers) and a smoke run's lack of them, the junit parser and the ``tests`` stage's verdict
 (a skipped CUDA test fails it), the stage merge and its refusal of stage files of another
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from aadet.analysis import gpu_report as gr
+from aadet_tools import gpu_report as gr
 
 from tests.helpers import REPO, load_tool
 

@@ -33,7 +33,7 @@ import os
 import xml.etree.ElementTree as ET
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
-from .report import markdown_table, mib, ratio
+from aadet.analysis.report import markdown_table, mib, ratio
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -1,4 +1,4 @@
-"""``aadet/analysis/cpu_report.py`` (``tools/benchmark_cpu.py``'s report) on synthetic benchmark
+"""``tools/aadet_tools/cpu_report.py`` (``tools/benchmark_cpu.py``'s report) on synthetic benchmark
 outputs with known ratios: every CPU target gets a verdict from its own run's baseline, misses say
 by how much, and runs from different CPUs or thread counts are refused."""
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from aadet.analysis.cpu_report import CPU_RUNS, CPU_TARGETS, benchmarks_cpu, render_cpu_markdown
+from aadet_tools.cpu_report import CPU_RUNS, CPU_TARGETS, benchmarks_cpu, render_cpu_markdown
 from tests.helpers import REPO
 
 MIB = 2**20

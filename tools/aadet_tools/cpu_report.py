@@ -10,7 +10,7 @@ Three benchmark runs, each with its own baseline (ratios are always taken within
 * the COCO R50 RetinaNets at a small input (256x256, batch 1): the attention models' training
   step against the conv R50's.
 
-The JSON has the layout of ``docs/benchmarks_cuda.json`` (:mod:`.gpu_report`: the same
+The JSON has the layout of ``docs/benchmarks_cuda.json`` (:mod:`aadet_tools.gpu_report`: the same
 ``configs`` / ``layers`` rows, ratios and target verdicts), plus ``runs``: the command of each
 run. Pure functions of the tools' JSON outputs; the tool runs them.
 """
@@ -24,7 +24,7 @@ from .gpu_report import (
     evaluate_targets,
     layer_rows,
 )
-from .report import markdown_table
+from aadet.analysis.report import markdown_table
 
 __all__ = [
     "CPU_RUNS",
