@@ -44,10 +44,9 @@ test-multimachine: setup
 test-learning: setup
 	$(PY) -m pytest -q -m learning tests
 
-# Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and the README's results summary of it.
+# Regenerate every generated table of the docs, the model table counted again (tools/update_docs.py).
 docs: setup
-	$(PY) tools/analyze_model.py --all --markdown > docs/model_table.md
-	$(PY) tools/update_readme_table.py
+	$(PY) tools/update_docs.py --model-table
 
 # On a CUDA machine, one report (output/gpu_check/report.md + report.json): pytest -m cuda, every
 # config trained a few iterations in fp32 and bf16, a short demo training with AP, the 640x640

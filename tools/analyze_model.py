@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from detectron2.modeling import build_model  # noqa: E402
 
 import aadet  # noqa: E402,F401  (registers the models)
-from aadet.analysis.model_table import (  # noqa: E402
+from aadet_tools.model_table import (  # noqa: E402
+    DEMO_COLUMN,
     analyze_model,
     list_configs,
     MARKDOWN_COMMAND,
@@ -45,7 +46,7 @@ DEFAULT_DEMO_RESULTS = os.path.join("docs", "demo_results.json")
 
 
 def analyze_config(config_file, size=None, *, flops=True, opts=(), demo_results=None):
-    """The model table's row of ``config_file`` (:func:`aadet.analysis.model_table.analyze_model`):
+    """The model table's row of ``config_file`` (:func:`aadet_tools.model_table.analyze_model`):
     its model built on CPU in eval mode with seed 0, ``opts`` overriding the config."""
     cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
     torch.manual_seed(0)
@@ -120,7 +121,7 @@ def _text_report(row) -> str:
             f"GFLOPs {cells['Paper GFLOPs']} (Δ {cells['Δ GFLOPs'] or 'not counted'}), mAP {cells['Paper COCO mAP']}"
         )
     if row.demo is not None:
-        lines.append(f"  demo AP (AP50): {cells['Demo AP (AP50)']}")
+        lines.append(f"  {DEMO_COLUMN}: {cells[DEMO_COLUMN]}")
     return "\n".join(lines)
 
 

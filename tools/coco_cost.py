@@ -59,7 +59,7 @@ def count_flops(config_files):
     import torch
     from detectron2.modeling import build_model
 
-    from aadet.analysis.model_table import analyze_model
+    from aadet_tools.model_table import analyze_model
 
     out = {}
     for path in config_files:

@@ -55,7 +55,7 @@ FORMAT = 1
 BOX_METRICS = ("AP", "AP50", "AP75")
 
 #: Keys that say where a run executes or writes, not what it trains or evaluates: left out of
-#: ``config_diff`` and of the recipe overrides that group runs (:mod:`aadet.analysis.demo_results`).
+#: ``config_diff`` and of the recipe overrides that group runs (``tools/aadet_tools/demo_results.py``).
 #: ``MODEL.WEIGHTS`` of an evaluation-only run names the training run it evaluates.
 NOT_RECIPE_KEYS = frozenset(
     {"OUTPUT_DIR", "SEED", "MODEL.DEVICE", "DATALOADER.NUM_WORKERS", "MODEL.WEIGHTS"}
