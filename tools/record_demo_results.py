@@ -14,8 +14,10 @@ import os
 import shutil
 import sys
 
-import update_docs
 from aadet.utils.run_summary import SUMMARY_FILE, load_summary
+from aadet_tools import docs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Where summaries go, by ``--into``.
 KINDS = ("demo", "learning")
@@ -33,12 +35,13 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             print(f"record_demo_results: {run}: {e}", file=sys.stderr)
             return 1
-        dst = os.path.join(update_docs.REPO, "docs", "runs", args.into,
+        dst = os.path.join(REPO, "docs", "runs", args.into,
                            os.path.basename(os.path.normpath(run)) + ".json")
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copyfile(src, dst)
         print(f"{src} -> {dst}")
-    return update_docs.main([])
+    docs.write(REPO)
+    return 0
 
 
 if __name__ == "__main__":

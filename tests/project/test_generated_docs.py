@@ -12,6 +12,7 @@ import os
 import pytest
 
 from aadet_tools.demo_results import DEMOS, SEEDS, TEST, VAL, build_demo_results, recipe_opts
+from aadet_tools.docs import committed_override
 
 from tests.helpers import REPO, load_tool
 
@@ -24,7 +25,7 @@ def test_generated_docs_are_up_to_date(capsys):
 
 
 def test_every_demo_config_has_its_seeds():
-    results = build_demo_results(os.path.join(RUNS, "demo"), load_tool("update_docs").committed_override(REPO))
+    results = build_demo_results(os.path.join(RUNS, "demo"), committed_override(REPO))
     for name in DEMOS:
         assert name in results, f"no run of {name} under docs/runs/demo"
         assert sorted(results[name]["seeds"]) == sorted(SEEDS), (name, results[name]["seeds"])
