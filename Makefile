@@ -51,9 +51,10 @@ docs: setup
 
 # On a CUDA machine, one report (output/gpu_check/report.md + report.json): pytest -m cuda, every
 # config trained a few iterations in fp32 and bf16, a short demo training with AP, the 640x640
-# benchmarks (-> docs/benchmarks_cuda.json). No package index there: AADET_WHEELHOUSE=DIR
-# AADET_SYSTEM_SITE=1 make gpu-check (DIR from tools/make_wheelhouse.sh; keeps the machine's torch).
-# Pick stages / a smoke run: make gpu-check GPU_CHECK_ARGS="--stages tests configs --quick".
+# benchmarks (-> docs/benchmarks_cuda.json, only from a complete run at the targets' protocol). Exit 0
+# only when every stage ran on CUDA at the clean commit and passed. No package index there:
+# AADET_WHEELHOUSE=DIR AADET_SYSTEM_SITE=1 make gpu-check (DIR from tools/make_wheelhouse.sh), or on a
+# lent machine tools/gpu_loan.sh. Pick stages: make gpu-check GPU_CHECK_ARGS="--stages tests configs".
 GPU_CHECK_ARGS ?=
 gpu-check: setup
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)

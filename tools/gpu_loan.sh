@@ -122,8 +122,8 @@ run_stages() {
   if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi
   left=$(( ${AADET_LOAN_SECONDS:-540} - SECONDS - finish ))
   [ "$left" -gt 60 ] || { echo "[gpu_loan] only $left s left after the install" >&2; exit 1; }
-  # the first stage of each pair is the shorter: tests (pytest -m cuda) 45 %, configs 40 %
-  case "$mode" in first) budget_a=$((left * 45 / 100)) ;; second) budget_a=$((left * 40 / 100)) ;; esac
+  # tests (pytest -m cuda) 45 % and benchmarks the rest; configs and demo half each
+  case "$mode" in first) budget_a=$((left * 45 / 100)) ;; second) budget_a=$((left * 50 / 100)) ;; esac
   budget_b=$((left - budget_a - 5))
   log "gpu_check: ${stages[0]} ${budget_a} s, ${stages[1]} ${budget_b} s"
   local args=(--stages "${stages[@]}" --budget "${stages[0]}=$budget_a" "${stages[1]}=$budget_b"
