@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check
+.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check triton-side
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -58,6 +58,18 @@ docs: setup
 GPU_CHECK_ARGS ?=
 gpu-check: setup
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The lent GPU machines' Triton (their triton== line in requirements/gpu-machine-installed.txt) in a
+# side folder beside the venv's own, never imported unless put first on PYTHONPATH:
+# tests/layers/test_triton_versions.py (slow) compiles every kernel for sm_90 with it. CI makes it.
+TRITON_SIDE_VERSION := $(shell sed -n 's/^triton==//p' requirements/gpu-machine-installed.txt)
+TRITON_SIDE ?= .cache/triton$(TRITON_SIDE_VERSION)
+triton-side: $(TRITON_SIDE)/.aadet-done
+
+$(TRITON_SIDE)/.aadet-done: requirements/gpu-machine-installed.txt | setup
+	rm -rf $(TRITON_SIDE)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --target $(TRITON_SIDE) "triton==$(TRITON_SIDE_VERSION)"
+	touch $@
 
 clean-demo:
 	rm -rf $(DEMO_OUT)
