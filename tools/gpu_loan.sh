@@ -151,7 +151,7 @@ dry_run_copy() {  # the carried files in a fresh folder (no .git, as on the mach
   git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$copy"
   cp -r "$WHL" "$copy/"
   log "dry run in $copy ($PYTHON)"
-  cd "$copy" && bash tools/gpu_loan.sh "$mode" "$copy/OUT" --dry-run
+  cd "$copy" && bash tools/gpu_loan.sh "$mode" "$copy.out" --dry-run  # OUT outside the tree, as $OUT is
 }
 
 [ $# -ge 1 ] || usage 2
