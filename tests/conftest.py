@@ -1,9 +1,10 @@
 """Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
 
 The tests mirror the package (``tests/layers`` tests ``aadet/layers``, ...; ``tests/tools`` the
-command-line tools, ``tests/project`` repo-wide checks). Only the checkout is on the test path
-(``pythonpath = .`` in pytest.ini): shared code comes from ``tests.helpers``, and a test loads a
-tool's module with ``tests.helpers.load_tool("visualize_detections")``.
+command-line tools, ``tests/project`` repo-wide checks). The checkout and ``tools/`` are on the test
+path (``pythonpath = . tools`` in pytest.ini, as ``python tools/x.py`` has ``tools/`` on its own):
+shared code comes from ``tests.helpers``, the tools' shared package as ``aadet_tools``, and a test
+loads a tool's module with ``tests.helpers.load_tool("visualize_detections")``.
 """
 import os
 

@@ -29,6 +29,7 @@ from aadet.analysis.report import markdown_table
 __all__ = [
     "CPU_RUNS",
     "CPU_TARGETS",
+    "CPU_PRECISIONS",
     "benchmarks_cpu",
     "render_cpu_markdown",
 ]
@@ -54,6 +55,8 @@ CPU_RUNS: Dict[str, tuple] = {
         "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "3"]),
 }
 
+#: The precisions the CPU runs measure (no autocast in CPU_RUNS): each target gets its verdict in them.
+CPU_PRECISIONS = ("fp32",)
 #: The CPU targets (one definition): training-step time ratios of the models, the SASA
 #: layer's time and memory ratios on the route ``impl="auto"`` takes on CPU (``"cpp"``).
 CPU_TARGETS = (
@@ -104,7 +107,7 @@ def benchmarks_cpu(reports: Dict[str, dict], commands: Dict[str, str], targets=C
                  for name, r in reports.items()},
         "configs": configs,
         "layers": layers,
-        "targets": evaluate_targets(configs, layers, targets),
+        "targets": evaluate_targets(configs, layers, targets, precisions=CPU_PRECISIONS),
     }
 
 

@@ -24,14 +24,25 @@ Ratios are to the baseline of the *same run and precision* (configs: the conv R5
 layers: a 3x3 convolution of the same width and map size), so they compare like with like.
 ``status`` is ``"pass"`` (value <= limit), ``"miss"`` (then ``excess = value - limit`` and
 ``excess_pct = 100 * (value / limit - 1)`` say by how much) or ``"missing"`` (the case was not
-measured or failed: the report says so instead of passing it). The targets are defined at
-:data:`TARGET_SIZE` and :data:`TARGET_BATCH`; numbers measured otherwise (``--quick``, a smoke
-run) get ``"comparable": false`` and ``status`` ``"not comparable"`` instead of a verdict.
+measured or failed: the report says so instead of passing it). Every target gets a verdict in
+every precision of :data:`PROTOCOL`, measured or not. The targets are defined at :data:`PROTOCOL`
+(size, batch, precisions, least iterations); numbers measured otherwise (``--quick``, a smoke run,
+too few iterations, a precision not measured) get ``"comparable": false``, the reasons in
+``"not_comparable_why"``, and ``status`` ``"not comparable"`` instead of a verdict. ``"missing"``
+lists the benchmark rows (``"<config> <precision>"``, ``"layers <precision>"``) not measured;
+``"complete"``: comparable, nothing missing, every target a pass or a miss. Only a complete run of
+a benchmarks stage that passed is the record (``docs/benchmarks_cuda.json``); anything else goes to
+a scratch file whose ``"scratch"`` says why it is not the record.
+
+The merged report has two verdicts: ``status`` (did every required stage run on CUDA, at the
+checked-out clean commit, and pass: :func:`stage_problems`) and ``targets`` (were the performance
+targets met: :func:`targets_verdict`). A stage can pass while targets are missed.
 """
 
 import os
 import xml.etree.ElementTree as ET
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
+from collections import Counter
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from aadet.analysis.report import markdown_table, mib, ratio
 
@@ -50,14 +61,17 @@ __all__ = [
     "evaluate_targets",
     "benchmarks_cuda",
     "render_benchmarks_markdown",
-    "TARGET_SIZE",
-    "TARGET_BATCH",
+    "Protocol",
+    "PROTOCOL",
+    "AMP_DTYPES",
     "NOT_COMPARABLE",
     "parse_junit",
     "tests_stage_result",
     "STAGES",
     "StaleStageError",
     "stale_stages",
+    "stage_problems",
+    "targets_verdict",
     "merge_stage_results",
     "render_report_markdown",
 ]
@@ -117,10 +131,25 @@ TARGETS = (
     Target("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd memory vs 3x3 conv", "layers",
            "sasa_*_80", "train_peak_mib_ratio", 2.0),
 )
-#: What the targets are defined at: detectors on 640x640 images, batch 8 (the layer benchmark at
-#: the same batch). Numbers measured at other sizes are not compared with them.
-TARGET_SIZE = (640, 640)
-TARGET_BATCH = 8
+
+
+class Protocol(NamedTuple):
+    """What the targets are defined at, and the least a measurement must do to be held against them."""
+
+    size: Tuple[int, int]  # detector input (H, W); the layer benchmark runs at the same batch
+    batch: int
+    precisions: Tuple[str, ...]  # each gets its own verdict per target; fp32 = no autocast
+    min_iters: int  # timed iterations of each case (its median is the number)
+    min_warmup: int  # untimed iterations before them
+
+
+#: The targets' protocol (one definition; ``tools/gpu_check.py`` derives its benchmark arguments
+#: from it): detectors on 640x640 images, batch 8, fp32 and bf16 autocast, the median of at least
+#: 10 timed iterations after at least 3 warm-up ones. Numbers measured otherwise are not compared
+#: with the targets and never become the record.
+PROTOCOL = Protocol(size=(640, 640), batch=8, precisions=("fp32", "bf16"), min_iters=10, min_warmup=3)
+#: The autocast dtype (``--amp-dtype`` of the benchmark tools) of each AMP precision.
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: The verdict of a target measured at other sizes (a ``--quick`` smoke run).
 NOT_COMPARABLE = "smoke run, not comparable to targets"
 
@@ -229,16 +258,24 @@ def evaluate_targets(
     layers: Sequence[dict],
     targets: Iterable[Target] = TARGETS,
     *,
+    precisions: Sequence[str] = PROTOCOL.precisions,
     comparable: bool = True,
 ) -> List[dict]:
-    """A verdict per target and precision measured (see the module docstring for the fields).
+    """A verdict per target and precision (see the module docstring for the fields).
 
-    ``comparable=False`` (numbers not measured at :data:`TARGET_SIZE` / :data:`TARGET_BATCH`):
-    a measured value gets ``status`` ``"not comparable"``, never ``"pass"`` or ``"miss"``.
+    Every precision of ``precisions`` gets a verdict for every target, measured or not (a
+    precision the device could not run is ``"missing"``, not absent); a precision measured
+    beyond them gets its verdicts too. ``comparable=False`` (numbers not measured at
+    :data:`PROTOCOL`): a measured value gets ``status`` ``"not comparable"``, never ``"pass"`` or
+    ``"miss"``.
     """
     rows = {"configs": list(configs), "layers": list(layers)}
     key = {"configs": "config", "layers": "layer"}
-    precisions = [p for p in PRECISIONS if any(r["precision"] == p for r in rows["configs"] + rows["layers"])]
+    measured = {r["precision"] for r in rows["configs"] + rows["layers"]}
+    unknown = sorted(set(precisions) - set(PRECISIONS))
+    if unknown:
+        raise ValueError(f"precisions must be among {list(PRECISIONS)}; got {unknown}")
+    precisions = [p for p in PRECISIONS if p in precisions or p in measured]
     out = []
     for t in targets:
         if t.section not in rows:
@@ -248,7 +285,7 @@ def evaluate_targets(
             if t.section == "layers":  # the reference itself is not a subject
                 hits = [r for r in hits if r.get("impl") != LAYER_REFERENCE]
             for r in hits or [None]:
-                value = None if r is None else r.get(t.metric)
+                value = None if r is None or "error" in r else r.get(t.metric)
                 v = {
                     "target": t.name,
                     "subject": t.subject if r is None else r[key[t.section]],
@@ -270,21 +307,48 @@ def evaluate_targets(
     return out
 
 
-def _not_comparable_why(size, batch, layer_batches: Iterable, smoke: bool) -> Optional[str]:
-    """Why numbers measured at ``size`` / ``batch`` (detectors) and ``layer_batches`` cannot be
-    held against the targets (None: they can)."""
-    why = []
-    if smoke:
-        why.append("a --quick smoke run")
-    if size is not None and list(size) != list(TARGET_SIZE):
-        why.append(f"images {'x'.join(str(s) for s in size)}")
-    if batch is not None and batch != TARGET_BATCH:
-        why.append(f"batch {batch}")
-    why += [f"layer batch {b}" for b in sorted(set(layer_batches), key=str) if b != TARGET_BATCH]
+def describe_protocol(protocol: Protocol = PROTOCOL) -> str:
+    """``"640x640, batch 8, fp32 and bf16, >= 10 timed iterations after >= 3 warm-up"``."""
+    return (f"{protocol.size[0]}x{protocol.size[1]}, batch {protocol.batch}, {' and '.join(protocol.precisions)}, "
+            f">= {protocol.min_iters} timed iterations after >= {protocol.min_warmup} warm-up")
+
+
+def _not_comparable_why(reports: Sequence[dict], layer_reports: Sequence[dict], rows: Sequence[dict],
+                        smoke: bool, protocol: Protocol = PROTOCOL) -> Optional[str]:
+    """Why the numbers of ``reports`` (detectors) and ``layer_reports`` cannot be held against
+    the targets (None: they can): a smoke run, another size or batch, fewer iterations than the
+    protocol's least, a precision of the protocol with no measured row, a device that is not CUDA."""
+    why = ["a --quick smoke run"] if smoke else []
+    for r in reports:
+        if r.get("size") is not None and list(r["size"]) != list(protocol.size):
+            why.append(f"images {'x'.join(str(s) for s in r['size'])}")
+    for r, what in [(r, "batch") for r in reports] + [(r, "layer batch") for r in layer_reports]:
+        if r.get("batch") is not None and r["batch"] != protocol.batch:
+            why.append(f"{what} {r['batch']}")
+    for r in list(reports) + list(layer_reports):
+        if (r.get("iters") or 0) < protocol.min_iters:
+            why.append(f"{r.get('iters')} timed iterations (< {protocol.min_iters})")
+        if (r.get("warmup") or 0) < protocol.min_warmup:
+            why.append(f"{r.get('warmup')} warm-up iterations (< {protocol.min_warmup})")
+        if not str(r.get("device", "cuda")).startswith("cuda"):
+            why.append(f"device {r.get('device')}")
+    measured = {row["precision"] for row in rows if row.get("train_ms") is not None and "error" not in row}
+    why += [f"no {p} measurement" for p in protocol.precisions if p not in measured]
+    why = list(dict.fromkeys(why))  # each reason once, in order
     if not why:
         return None
-    return (f"{', '.join(why)}; the targets are defined at {TARGET_SIZE[0]}x{TARGET_SIZE[1]}, "
-            f"batch {TARGET_BATCH}")
+    return f"{', '.join(why)}; the targets are defined at {describe_protocol(protocol)}"
+
+
+def missing_rows(configs: Sequence[dict], layers: Sequence[dict], expected_configs: Sequence[str] = BENCHMARK_CONFIGS,
+                 precisions: Sequence[str] = PROTOCOL.precisions) -> List[str]:
+    """The benchmark rows not measured: ``"<config> <precision>"`` for each of ``expected_configs``
+    and ``"layers <precision>"`` when no layer was measured in that precision."""
+    got = {(r["config"], r["precision"]) for r in configs if r.get("train_ms") is not None and "error" not in r}
+    missing = [f"{config_name(c)} {p}" for c in expected_configs for p in precisions
+               if (config_name(c), p) not in got]
+    layer_precisions = {r["precision"] for r in layers if r.get("train_ms") is not None and "error" not in r}
+    return missing + [f"layers {p}" for p in precisions if p not in layer_precisions]
 
 
 def benchmarks_cuda(
@@ -302,8 +366,8 @@ def benchmarks_cuda(
         layer_reports: ``tools/benchmark_layers.py`` outputs (one per AMP setting).
         amp_dtype: AMP dtype of outputs that do not record theirs.
         smoke: the numbers come from a smoke run (``tools/gpu_check.py --quick``): no target
-            verdicts, whatever the sizes. Sizes or batches other than :data:`TARGET_SIZE` /
-            :data:`TARGET_BATCH` have the same effect.
+            verdicts, whatever the sizes. Anything else short of :data:`PROTOCOL` (size, batch,
+            iterations, a precision without a measured row) has the same effect.
 
     Raises:
         ValueError: no report given, or reports from different devices / input sizes / baselines.
@@ -322,8 +386,9 @@ def benchmarks_cuda(
     configs = [row for r in config_reports for row in config_rows(r, amp_dtype)]
     layers = [row for r in layer_reports for row in layer_rows(r, amp_dtype)]
     first = config_reports[0] if config_reports else {}
-    why = _not_comparable_why(first.get("size"), first.get("batch"),
-                              [r.get("batch") for r in layer_reports], smoke)
+    why = _not_comparable_why(config_reports, layer_reports, configs + layers, smoke)
+    verdicts = evaluate_targets(configs, layers, targets, comparable=why is None)
+    missing = missing_rows(configs, layers)
     return {
         "schema": SCHEMA_VERSION,
         "device_name": env["device_name"],
@@ -333,13 +398,17 @@ def benchmarks_cuda(
         "batch": first.get("batch"),
         "layer_batch": layer_reports[0].get("batch") if layer_reports else None,
         "iters": first.get("iters"),
+        "warmup": first.get("warmup"),
         "baseline": config_name(first["baseline"]) if first else None,
         "layer_reference": LAYER_REFERENCE,
+        "protocol": PROTOCOL._asdict(),
         "comparable": why is None,
         "not_comparable_why": why,
+        "missing": missing,
+        "complete": why is None and not missing and all(v["status"] in ("pass", "miss") for v in verdicts),
         "configs": configs,
         "layers": layers,
-        "targets": evaluate_targets(configs, layers, targets, comparable=why is None),
+        "targets": verdicts,
     }
 
 
@@ -371,16 +440,25 @@ def render_benchmarks_markdown(bench: dict) -> str:
         f"`{bench['baseline']}` of the same run and precision; layers batch {bench['layer_batch']}, "
         f"forward + backward, ratios to a 3x3 conv of the same width and map.\n"
     ]
-    if bench["configs"]:
+    missing = set(bench.get("missing", ()))
+    listed = {f"{r['config']} {r['precision']}" for r in bench["configs"]}
+    if bench["configs"] or missing:
         rows = [
-            [f"`{r['config']}`", r["precision"], _f(r["train_ms"], ".1f"), _f(r["train_ms_ratio"]),
+            [f"`{r['config']}`", r["precision"],
+             "missing" if f"{r['config']} {r['precision']}" in missing else "measured",
+             _f(r["train_ms"], ".1f"), _f(r["train_ms_ratio"]),
              _f(r["infer_ms"], ".1f"), _f(r["infer_ms_ratio"]), _f(r["train_peak_mib"], ".0f"),
              _f(r["train_peak_mib_ratio"])] + ([f"error: {r['error'][:60]}"] if "error" in r else [""])
             for r in bench["configs"]
         ]
-        headers = ["Config", "Precision", "Train ms", "× base", "Infer ms", "× base", "Train peak MiB",
+        rows += [[f"`{m.rsplit(' ', 1)[0]}`", m.rsplit(" ", 1)[1], "missing"] + ["–"] * 6 + ["not in the run"]
+                 for m in bench.get("missing", ()) if m not in listed and not m.startswith("layers ")]
+        headers = ["Config", "Precision", "Status", "Train ms", "× base", "Infer ms", "× base", "Train peak MiB",
                    "× base", "Note"]
-        out.append("\n" + markdown_table(headers, rows, align="ll" + "r" * 6 + "l"))
+        out.append("\n" + markdown_table(headers, rows, align="lll" + "r" * 6 + "l"))
+    layer_missing = [m.split(" ", 1)[1] for m in bench.get("missing", ()) if m.startswith("layers ")]
+    if layer_missing:
+        out.append(f"\nLayers not measured in {', '.join(layer_missing)}.\n")
     if bench["layers"]:
         rows = [
             [f"`{r['layer']}`", r["precision"], f"{r['side']}x{r['side']}", _f(r["channels"], "d"),
@@ -523,35 +601,101 @@ def stale_stages(
     return stale
 
 
+def stage_problems(stage: dict, head: Optional[str]) -> List[str]:
+    """Why a stage's result does not count towards the check (empty: it counts).
+
+    A stage counts only when it ran (``status`` ``"ok"``) on CUDA (its recorded ``device``), at
+    ``head`` (the commit of the checkout that merges the report) in a clean tree (``dirty`` is
+    False: uncommitted or untracked changes, or a state nobody checked, are not that commit), and
+    was not a ``--quick`` smoke run.
+    """
+    status = stage.get("status", "not run")
+    if status == "not run":
+        return ["not run"]
+    problems = [] if status == "ok" else [f"{status}" + (f": {stage['error'][:200]}" if stage.get("error") else "")]
+    device = stage.get("device")
+    if device is None or not str(device).startswith("cuda"):
+        problems.append(f"ran on {device or 'an unrecorded device'}, not CUDA")
+    if stage.get("quick"):
+        problems.append("a --quick smoke run")
+    if head is None:
+        problems.append("the commit of the checkout merging the report is unknown")
+    elif stage.get("commit") != head:
+        problems.append(f"ran at commit {_short(stage.get('commit'))}, HEAD is {_short(head)}")
+    dirty = stage.get("dirty")
+    if dirty is not False:
+        problems.append("the tree had uncommitted changes" if dirty else "the tree's state is unknown (no git "
+                        "checkout and no verified manifest)")
+    return problems
+
+
+def targets_verdict(stages: Dict[str, dict]) -> dict:
+    """Whether the performance targets were met, apart from whether the stages ran.
+
+    Returns:
+        ``{"status": "met" | "missed" | "not measured" | "not comparable", "met", "missed",
+        "missing", "total"}``: ``"missed"`` when any target is missed, ``"not measured"`` when
+        none is missed but some are missing (or no benchmark ran), ``"not comparable"`` for numbers
+        not measured at :data:`PROTOCOL`.
+    """
+    bench = stages.get("benchmarks", {}).get("benchmarks")
+    if not bench:
+        return {"status": "not measured", "met": 0, "missed": 0, "missing": 0, "total": 0}
+    n = Counter(t["status"] for t in bench["targets"])
+    out = {"met": n["pass"], "missed": n["miss"], "missing": n["missing"], "total": len(bench["targets"])}
+    if not bench.get("comparable", True):
+        status = "not comparable"
+    elif n["miss"]:
+        status = "missed"
+    elif n["missing"] or not bench["targets"]:
+        status = "not measured"
+    else:
+        status = "met"
+    return dict(out, status=status)
+
+
 def merge_stage_results(
-    stage_results: Dict[str, dict], env: Optional[dict] = None, *, stale: Optional[Dict[str, dict]] = None
+    stage_results: Dict[str, dict],
+    *,
+    head: Optional[str] = None,
+    required: Sequence[str] = tuple(STAGES),
+    stale: Optional[Dict[str, dict]] = None,
 ) -> dict:
     """One report from the stages' results (each ``{"status": "ok" | "failed" | "skipped", ...}``).
 
-    Stages run in separate processes or separate machine calls write one JSON each; merging
-    them keeps the newest result of each stage. ``status`` of the whole report is ``"ok"`` only
-    when every stage in :data:`STAGES` ran and passed. ``stale`` (from :func:`stale_stages`,
-    merged anyway) marks stages of another commit: each gets ``"stale"`` and the report lists
-    them in ``"stale_stages"``. ``"quick"``: some stage was a ``--quick`` smoke run.
+    Stages run in separate processes or separate machine calls write one JSON each. ``status`` is
+    ``"ok"`` only when every stage of ``required`` counts (:func:`stage_problems` against
+    ``head``), ``"incomplete"`` when the only shortfall is required stages not run, else
+    ``"failed"``. ``not_counted``: each stage present that does not count, with why. ``targets``:
+    :func:`targets_verdict`, a verdict of its own. ``stale`` (from :func:`stale_stages`, merged
+    anyway) marks stages of another commit. ``envs``: each stage's own environment.
     """
-    unknown = sorted(set(stage_results) - set(STAGES))
+    unknown = sorted(set(stage_results) - set(STAGES)) + sorted(set(required) - set(STAGES))
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
     stages = {name: dict(stage_results.get(name, {"status": "not run"})) for name in STAGES}
     for name, info in (stale or {}).items():
         stages[name]["stale"] = info
-    envs = [s["env"] for s in stages.values() if s.get("env")]
-    env = env or (envs[-1] if envs else {})
-    ok = all(s["status"] == "ok" for s in stages.values())
-    return {"status": "ok" if ok else "incomplete" if all(
-        s["status"] in ("ok", "not run") for s in stages.values()) else "failed",
+    problems = {name: stage_problems(s, head) for name, s in stages.items()}
+    shortfall = [problems[name] for name in required if problems[name]]
+    status = "ok" if not shortfall else "incomplete" if all(p == ["not run"] for p in shortfall) else "failed"
+    return {
+        "status": status,
+        "required": [name for name in STAGES if name in required],
+        "head": head,
+        "not_counted": {name: p for name, p in problems.items() if p and p != ["not run"]},
+        "not_run": [name for name, p in problems.items() if p == ["not run"]],
+        "targets": targets_verdict(stages),
         "quick": any(s.get("quick") for s in stages.values()),
         "stale_stages": sorted(stale or {}, key=list(STAGES).index),
-        "env": env, "stages": stages}
+        "envs": {name: s["env"] for name, s in stages.items() if s.get("env")},
+        "stages": stages,
+    }
 
 
 def _stage_markdown(name: str, s: dict) -> List[str]:
-    out = [f"\n## {name}: {s['status']}\n\n{STAGES[name]}."]
+    on = f", on {s['device']}" if s.get("device") else ""
+    out = [f"\n## {name}: {s['status']}{on}\n\n{STAGES[name]}."]
     if s.get("elapsed_s") is not None:
         out.append(f" Ran {s['elapsed_s']:.0f} s (budget {_f(s.get('budget_s'), '.0f')} s).")
     if s["status"] != "not run":
@@ -601,20 +745,39 @@ def _stage_markdown(name: str, s: dict) -> List[str]:
     return out
 
 
-def render_report_markdown(report: dict) -> str:
-    """``report.md``: environment, then each stage's status and numbers."""
-    env = report.get("env", {})
-    notes = []
+def summary_line(report: dict) -> str:
+    """The report's two verdicts in one line: ``"ok (tests, benchmarks); targets: missed 2 of 14"``."""
+    notes = [", ".join(report["required"])]
+    not_run = [n for n in report["not_run"] if n in report["required"]]
+    if not_run:
+        notes.append("not run: " + ", ".join(not_run))
+    notes += [f"{name}: {'; '.join(p)}" for name, p in report["not_counted"].items()]
     if report.get("quick"):
         notes.append(NOT_COMPARABLE)
     if report.get("stale_stages"):
         notes.append("stale stages from another commit: " + ", ".join(report["stale_stages"]))
-    title = report["status"] + (f" ({'; '.join(notes)})" if notes else "")
-    head = [
-        f"# aadet GPU check: {title}\n\n",
-        "| | |\n|:---|:---|\n",
-        *(f"| {k} | {env.get(k)} |\n" for k in ("device_name", "torch", "cuda", "triton", "detectron2",
-                                               "python", "driver")),
-    ]
+    t = report["targets"]
+    targets = t["status"] if not t["total"] else (
+        f"{t['status']} ({t['met']} met, {t['missed']} missed, {t['missing']} not measured, of {t['total']})")
+    return f"{report['status']} ({'; '.join(n for n in notes if n)}); targets: {targets}"
+
+
+_ENV_KEYS = ("device", "device_name", "torch", "cuda", "triton", "detectron2", "python", "driver")
+
+
+def render_report_markdown(report: dict) -> str:
+    """``report.md``: the two verdicts, every stage's environment, then each stage's status and numbers."""
+    envs = report.get("envs", {})
+    head = [f"# aadet GPU check: {summary_line(report)}\n\n",
+            f"Check: **{report['status']}** for the stages {', '.join(report['required'])} (each must run on CUDA, "
+            f"at the checked-out clean commit {_short(report.get('head'))}, and pass). Targets: "
+            f"**{report['targets']['status']}** (a verdict of its own: a stage that ran may miss them).\n"]
+    if report["not_counted"]:
+        head.append("\nNot counted:\n" + "".join(f"\n- {name}: {'; '.join(p)}"
+                                                  for name, p in report["not_counted"].items()) + "\n")
+    if envs:
+        names = list(envs)
+        head.append("\n" + markdown_table([""] + names, [[k] + [str(envs[n].get(k)) for n in names]
+                                                        for k in _ENV_KEYS], align="l" * (len(names) + 1)))
     body = [line for name, s in report["stages"].items() for line in _stage_markdown(name, s)]
     return "".join(head + body) + "\n"
