@@ -52,7 +52,7 @@ verified file by file (``tools/aadet_tools/checkout.py``).
 
 Without a package index (a lent GPU machine: Python 3.12 with its own CUDA torch, 10 minutes a
 command): ``tools/gpu_loan.sh`` prepares the wheel folder and the manifest here and runs the
-stages there, in two calls (README, "GPU check").
+stages there, in two calls (docs/gpu_check.md).
 
 ``--device cpu`` is a dry run of the ``configs`` stage on a machine without CUDA (what the CPU
 unit test runs): it exits 1, its stage never counts; every other stage needs CUDA and says so.
