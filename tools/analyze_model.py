@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         )
         sys.stdout.write(render_markdown(rows, command))
     if args.json:
-        from aadet.analysis.report import write_json
+        from aadet_tools.report import write_json
 
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0

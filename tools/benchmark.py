@@ -21,7 +21,7 @@ boxes, generated once and loaded by every case; no dataset needed):
 * **inference latency**: ``model.eval()`` forward of the batch under ``torch.no_grad()``,
   post-processing included; median per batch and per image;
 * **peak memory** of each phase: CUDA ``max_memory_allocated``; CPU the process' resident-set
-  high-water mark (see ``aadet/analysis/timing.py``), both absolute and above the state before
+  high-water mark (see ``tools/aadet_tools/timing.py``), both absolute and above the state before
   the phase (weights and inputs already resident): the ratios use the latter;
 * each as a **ratio to the baseline** (``--baseline``, default the first config) of the same run
   and AMP mode.
@@ -32,7 +32,7 @@ Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler).
 process CPU time per iteration is recorded next to wall time: on a shared machine it is the
 steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Writes JSON
 (``--output-json``) and a markdown table (``--output-md``, or stdout); timing and report helpers:
-``aadet/analysis/timing.py`` and ``aadet/analysis/report.py``, shared with
+``tools/aadet_tools/timing.py`` and ``tools/aadet_tools/report.py``, shared with
 ``tools/benchmark_layers.py``.
 """
 
@@ -48,7 +48,7 @@ warnings.filterwarnings(
 
 import torch  # noqa: E402
 
-from aadet.analysis.report import (  # noqa: E402
+from aadet_tools.report import (  # noqa: E402
     fmt,
     header_line,
     index_results,
@@ -57,7 +57,7 @@ from aadet.analysis.report import (  # noqa: E402
     ratios,
     write_report,
 )
-from aadet.analysis.timing import (  # noqa: E402
+from aadet_tools.timing import (  # noqa: E402
     AMP_DTYPES,
     autocast,
     check_amp_dtype,
@@ -68,7 +68,7 @@ from aadet.analysis.timing import (  # noqa: E402
     run_case_in_subprocess,
     worker_main,
 )
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 
 
 def build_parser():

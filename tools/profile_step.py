@@ -37,10 +37,10 @@ import torch  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
-from aadet.analysis.timing import measure  # noqa: E402
-from aadet.utils.run_summary import git_commit, machine_description  # noqa: E402
+from aadet_tools.report import write_json  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.timing import measure  # noqa: E402
+from aadet_tools.run_summary import git_commit, machine_description  # noqa: E402
 
 
 def _parts(model):

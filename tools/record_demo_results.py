@@ -15,7 +15,7 @@ import shutil
 import sys
 
 import update_docs
-from aadet.utils.run_summary import SUMMARY_FILE, load_summary
+from aadet_tools.run_summary import SUMMARY_FILE, load_summary
 
 #: Where summaries go, by ``--into``.
 KINDS = ("demo", "learning")

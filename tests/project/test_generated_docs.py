@@ -32,7 +32,7 @@ def test_every_demo_config_has_its_seeds():
 
 
 def _all_summaries():
-    from aadet.utils.run_summary import load_summaries
+    from aadet_tools.run_summary import load_summaries
 
     return [s for kind in ("demo", "learning") if os.path.isdir(os.path.join(RUNS, kind))
             for s in load_summaries(os.path.join(RUNS, kind))]
@@ -43,7 +43,7 @@ def test_summary_was_made_with_todays_config(summary):
     """Resolve the summary's config file and overrides as tools/train_net.py does: the keys that
     differ from the defaults must be the ones the run recorded."""
     from aadet.engine import apply_epoch_schedule, get_aadet_cfg, load_config
-    from aadet.utils.run_summary import config_diff
+    from aadet_tools.run_summary import config_diff
 
     opts = [x for kv in recipe_opts(summary.get("opts", [])) for x in kv]
     cfg = load_config(os.path.join(REPO, summary["config_file"]), opts, freeze=False)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aadet.utils.run_summary import box_metrics_by_dataset, last_box_metrics
+from aadet_tools.run_summary import box_metrics_by_dataset, last_box_metrics
 from aadet_tools.demo_results import (
     BASELINE,
     SPLIT_OBJECTS,

@@ -1,4 +1,4 @@
-"""The COCO cost model (aadet/analysis/cost.py) and its tool (tools/coco_cost.py): the schedule
+"""The COCO cost model (tools/aadet_tools/cost.py) and its tool (tools/coco_cost.py): the schedule
 and the batch/LR rule agree with what training does, the estimates follow their formula, a
 benchmark turns rows into measured ones, and docs/reproduce_coco.md holds the tool's output."""
 import argparse
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from aadet.analysis import cost
+from aadet_tools import cost
 
 from tests.helpers import REPO, load_tool
 

@@ -31,7 +31,7 @@ images of ``r`` x 640 x 640 pixels) by images, pixels and FLOPs, x :data:`RECIPE
 attention configs it is a lower bound: attention keeps more per FLOP (softmax maps, neighbourhoods).
 
 Everything here is a pure function of numbers (the tool ``tools/coco_cost.py`` reads the configs,
-the model table and the benchmark JSON); ``tests/analysis/test_cost.py`` checks it.
+the model table and the benchmark JSON); ``tests/tools/test_coco_cost.py`` checks it.
 """
 import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
