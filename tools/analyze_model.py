@@ -26,32 +26,19 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
 
-import torch  # noqa: E402
-from detectron2.modeling import build_model  # noqa: E402
-
 import aadet  # noqa: E402,F401  (registers the models)
 from aadet_tools.model_table import (  # noqa: E402
     DEMO_COLUMN,
-    analyze_model,
+    analyze_config,
     list_configs,
     MARKDOWN_COMMAND,
     load_demo_results,
     render_markdown,
     row_cells,
 )
-from aadet.engine import load_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DEMO_RESULTS = os.path.join("docs", "demo_results.json")
-
-
-def analyze_config(config_file, size=None, *, flops=True, opts=(), demo_results=None):
-    """The model table's row of ``config_file`` (:func:`aadet_tools.model_table.analyze_model`):
-    its model built on CPU in eval mode with seed 0, ``opts`` overriding the config."""
-    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
-    torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    return analyze_model(config_file, cfg, model, size, flops=flops, demo_results=demo_results)
 
 
 def build_parser():

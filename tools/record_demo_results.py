@@ -6,16 +6,18 @@
 
 Each run directory's ``run_summary.json`` (written by every training run) is copied to
 ``docs/runs/<into>/<run directory name>.json`` (``--into``: ``demo``, the default, or ``learning``
-for the learning tests' measurements, ``tests/helpers/learning_runs.py``); then
-``tools/update_docs.py`` regenerates the docs' tables from all of them.
+for the learning tests' measurements, ``tests/helpers/learning_runs.py``); then the docs' tables
+are regenerated from all of them, as ``tools/update_docs.py`` does.
 """
 import argparse
 import os
 import shutil
 import sys
 
-import update_docs
+from aadet_tools.generated_docs import write
 from aadet_tools.run_summary import SUMMARY_FILE, load_summary
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Where summaries go, by ``--into``.
 KINDS = ("demo", "learning")
@@ -33,12 +35,17 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             print(f"record_demo_results: {run}: {e}", file=sys.stderr)
             return 1
-        dst = os.path.join(update_docs.REPO, "docs", "runs", args.into,
+        dst = os.path.join(REPO, "docs", "runs", args.into,
                            os.path.basename(os.path.normpath(run)) + ".json")
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copyfile(src, dst)
         print(f"{src} -> {dst}")
-    return update_docs.main([])
+    try:
+        write(REPO)
+    except ValueError as e:
+        print(f"record_demo_results: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 ``tools/update_docs.py`` makes from the committed data today, and that data is today's.
 
 * the generated blocks (demo results, learning table, the model table counted again, README's
-  results table, BENCHMARKS' CPU targets) are up to date (``make docs`` fixes them);
+  results table, BENCHMARKS' CPU targets, the COCO cost tables) are up to date (``make docs``
+  fixes them);
 * every run summary under ``docs/runs`` was made with the config that its file and overrides
   give today: a changed config invalidates its numbers instead of keeping them;
 * every demo config has its three seeds.
@@ -12,6 +13,7 @@ import os
 import pytest
 
 from aadet_tools.demo_results import DEMOS, SEEDS, TEST, VAL, build_demo_results, recipe_opts
+from aadet_tools.generated_docs import committed_override
 
 from tests.helpers import REPO, load_tool
 
@@ -24,7 +26,7 @@ def test_generated_docs_are_up_to_date(capsys):
 
 
 def test_every_demo_config_has_its_seeds():
-    results = build_demo_results(os.path.join(RUNS, "demo"), load_tool("update_docs").committed_override(REPO))
+    results = build_demo_results(os.path.join(RUNS, "demo"), committed_override(REPO))
     for name in DEMOS:
         assert name in results, f"no run of {name} under docs/runs/demo"
         assert sorted(results[name]["seeds"]) == sorted(SEEDS), (name, results[name]["seeds"])

@@ -251,7 +251,7 @@ def test_tools_import_the_library_not_each_other():
         for target, line in imports_of(path, name, is_package=False):
             if target.split(".")[0] in tools:
                 bad.append(f"{path}:{line}: tools/{name}.py imports {target} (tools/{target.split('.')[0]}.py)")
-    assert not bad, "tools import other tools (move the shared code into aadet):\n" + "\n".join(bad)
+    assert not bad, "tools import other tools (move the shared code into tools/aadet_tools):\n" + "\n".join(bad)
 
 
 def tools_package_files(root: str = REPO) -> Dict[str, str]:

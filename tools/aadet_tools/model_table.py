@@ -7,8 +7,8 @@ papers' FLOPs, 2 per multiply-add, and the attention share; convention in
 AP50 measured on the demo data's val and test splits where runs are recorded
 (``docs/demo_results.json``, see :func:`load_demo_results`).
 
-:func:`analyze_model` takes a model already built from its config (``tools/analyze_model.py``
-loads and builds it with ``aadet.engine``; this package does not import the engine).
+:func:`analyze_model` takes a model already built from its config; :func:`analyze_config` loads
+the config and builds the model first (``tools/analyze_model.py``, ``make docs``).
 
 The rendered table sits between :data:`TABLE_BEGIN` and :data:`TABLE_END` so that a test can
 compare it with a fresh run of the tool (:func:`parse_markdown`). The README shows a summary of it
@@ -38,6 +38,7 @@ __all__ = [
     "ModelRow",
     "list_configs",
     "analyze_model",
+    "analyze_config",
     "row_cells",
     "render_markdown",
     "parse_markdown",
@@ -152,6 +153,27 @@ def analyze_model(
     name = os.path.basename(key)
     demo = (demo_results or {}).get(name)
     return ModelRow(key, params, fl, tuple(size), paper_numbers(config_file), demo)
+
+
+def analyze_config(
+    config_file: str,
+    size: Optional[Tuple[int, int]] = None,
+    *,
+    flops: bool = True,
+    opts: Sequence[str] = (),
+    demo_results: Optional[Dict[str, Dict[str, float]]] = None,
+) -> ModelRow:
+    """The row of ``config_file`` (:func:`analyze_model`): its model built on CPU in eval mode
+    with seed 0, ``opts`` overriding the config."""
+    import torch
+    from detectron2.modeling import build_model
+
+    from aadet.engine import load_config
+
+    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
+    torch.manual_seed(0)
+    return analyze_model(config_file, cfg, build_model(cfg).eval(), size, flops=flops,
+                         demo_results=demo_results)
 
 
 def _size_cell(row: "ModelRow") -> str:
