@@ -18,7 +18,7 @@ import pytest
 from aadet_tools.run_summary import last_box_metrics
 
 from tests.helpers import REPO
-from tests.helpers.learning_runs import RUNS, command
+from tests.helpers.learning_runs import RUNS, command, environment
 
 
 def read_metrics(out):
@@ -30,7 +30,7 @@ def read_metrics(out):
 
 
 def _train(name, out, trees_root, mutation=None):
-    env = dict(os.environ, AADET_DATASETS=trees_root, PYTHONPATH=REPO)
+    env = environment(AADET_DATASETS=trees_root)
     p = subprocess.run(command(name, str(out), mutation=mutation), env=env, capture_output=True,
                        text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]

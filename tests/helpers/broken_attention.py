@@ -110,8 +110,7 @@ def mark_summary(argv, mutation: str) -> None:
 
 if __name__ == "__main__":
     mutation = sys.argv.pop(1)
-    break_attention(mutation)
-    sys.path.insert(0, os.path.join(REPO, "tools"))
+    break_attention(mutation)  # aadet_tools: on PYTHONPATH (learning_runs.environment())
     sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")

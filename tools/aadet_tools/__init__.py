@@ -11,7 +11,8 @@ It may import :mod:`aadet`; :mod:`aadet` never imports it.
   that ``tools/train_net.py`` registers to write it.
 * :mod:`.timing`, :mod:`.report` -- the benchmarks' timing, peak memory, AMP settings and worker
   processes; their ratios, markdown and JSON.
-* :mod:`.synthetic_batch` -- the random detection batch of the benchmarks and the GPU check.
+* :mod:`.synthetic_batch`, :mod:`.training_step` -- the random detection batch and the one
+  training step (forward with losses, backward, optimizer step) that the benchmark tools time.
 """
 import importlib
 import sys
