@@ -1,24 +1,25 @@
 """Model analysis (``aadet.analysis``): exact parameter counts of every COCO config, FLOP counting
 that includes attention (hand counts on tiny inputs)."""
 
-import functools
+import glob
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from detectron2.modeling import build_model
 from torch import nn
 
 from aadet.analysis import attention_flops, count_flops, parameter_breakdown
-from aadet_tools.model_table import list_configs, load_demo_results
+from aadet.engine import load_config
 from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 
-from tests.helpers import REPO, load_tool
+from tests.helpers import REPO
 
 
-# Exact parameter counts (total, bottom-up, FPN, head), measured with tools/analyze_model.py and
-# committed: an accidental architecture change fails here loudly. Update deliberately, together
-# with docs/model_table.md (`python tools/analyze_model.py --all --markdown > docs/model_table.md`).
+# Exact parameter counts (total, bottom-up, FPN, head) of every COCO config, committed: an
+# accidental architecture change fails here loudly. Update deliberately, with `make docs` (the
+# model table counts them again).
 COCO_PARAMS = {
     "aa_retinanet_R_101_FPN_scratch_150ep": (52029882, 41692358, 3870208, 6467316),
     "aa_retinanet_R_50_FPN_scratch_150ep": (33417398, 23079874, 3870208, 6467316),
@@ -42,12 +43,7 @@ COCO_PARAMS = {
         3323380,
     ),
 }
-COCO_CONFIGS = list_configs(os.path.join(REPO, "configs", "COCO-Detection"))
-ALL_CONFIGS = list_configs(os.path.join(REPO, "configs"))
-@functools.lru_cache(maxsize=None)
-def _row(config_file, flops):
-    demo = load_demo_results(os.path.join(REPO, "docs", "demo_results.json"))
-    return load_tool("analyze_model").analyze_config(config_file, flops=flops, demo_results=demo)
+COCO_CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "COCO-Detection", "*.yaml")))
 
 
 def _name(path):
@@ -65,7 +61,8 @@ def test_every_coco_config_has_committed_counts():
 
 @pytest.mark.parametrize("config", COCO_CONFIGS, ids=_name)
 def test_coco_parameter_counts_exact(config):
-    p = _row(config, False).params
+    torch.manual_seed(0)
+    p = parameter_breakdown(build_model(load_config(config, ["MODEL.DEVICE", "cpu"])))
     got = (p["total"], p["backbone"], p["fpn"], p["head"])
     assert (
         got == COCO_PARAMS[_name(config)]

@@ -198,6 +198,13 @@ def test_benchmark_layers_ratios():
     }
     assert results[2]["ratios"]["conv3x3"] == {"time": 1.0, "cpu_time": None, "peak_mem": 1.0}
     assert "ratios" not in results[3]
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    md = benchmark_layers.render_markdown(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
+                                               reference_check={"sasa": 1e-12}, results=results))
+    assert md.startswith("Device: Test CPU (cpu)") and "reference check" in md.lower() and "sasa 1.0e-12" in md
+    assert ("| 20x20, C=256 | LocalSelfAttention2d, ours (neighborhood) | 2000.0 | 1000.0 | 2.00 | 0.25 | 0 "
+            "| 3.00 | 0.50 |") in md
+    assert "| 80x80, C=128 | core, naive (full logits + rel_to_abs) | big |" in md
 
 
 @pytest.mark.parametrize("tool", ["benchmark", "benchmark_layers"])
