@@ -26,7 +26,6 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
 
-
 import aadet  # noqa: E402,F401  (registers the models)
 from aadet_tools.model_table import (  # noqa: E402
     DEMO_COLUMN,
@@ -151,7 +150,7 @@ def main(argv=None) -> int:
         )
         sys.stdout.write(render_markdown(rows, command))
     if args.json:
-        from aadet.analysis.report import write_json
+        from aadet_tools.report import write_json
 
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0

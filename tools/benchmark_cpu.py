@@ -20,12 +20,11 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from aadet_tools.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown
+from aadet_tools.report import write_json
+from aadet_tools.run_summary import git_commit
 
-from aadet_tools.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown  # noqa: E402
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.utils.run_summary import git_commit  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):

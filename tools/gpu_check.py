@@ -74,10 +74,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
-from aadet.analysis.timing import environment_info, run_worker  # noqa: E402
-from aadet.utils.run_summary import last_box_metrics  # noqa: E402
+from aadet_tools.report import write_json  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.timing import environment_info, run_worker  # noqa: E402
+from aadet_tools.run_summary import last_box_metrics  # noqa: E402
 from aadet_tools import gpu_report  # noqa: E402
 from aadet_tools.checkout import checkout_state  # noqa: E402
 
@@ -89,7 +89,6 @@ DEMO_CONFIGS = (
     "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
 )
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------- environment
@@ -178,7 +177,7 @@ def all_configs():
 
 def synthetic_inputs(batch: int, size: int, num_classes: int, seed: int, device):
     """Detectron2 training inputs on ``device``: ``tools/benchmark.py``'s random images and boxes
-    (:mod:`aadet.analysis.synthetic_batch`)."""
+    (:mod:`aadet_tools.synthetic_batch`)."""
     return detectron2_inputs(make_batch(batch, size, size, seed), num_classes, device=device)
 
 
@@ -186,10 +185,10 @@ def train_config_worker(spec: dict) -> dict:
     """Build ``spec["config"]`` on ``spec["device"]`` and train ``spec["iters"]`` iterations per
     precision (runs in a fresh process). One result row per precision."""
     from detectron2.modeling import build_model
-    from detectron2.utils.events import EventStorage
 
     import aadet  # noqa: F401
-    from aadet.analysis.timing import PeakMemory, synchronize
+    from aadet_tools.timing import PeakMemory, synchronize
+    from aadet_tools.training_step import TrainingStep
     from aadet.engine import Trainer, load_config
 
     device = torch.device(spec["device"])
@@ -197,33 +196,20 @@ def train_config_worker(spec: dict) -> dict:
     rows = []
     for precision in spec["precisions"]:
         row = {"config": gpu_report.config_name(spec["config"]), "precision": precision}
+        model = opt = inputs = None
         try:
             torch.manual_seed(spec["seed"])
             model = build_model(cfg)
-            model.train()
             opt = Trainer.build_optimizer(cfg, model)
-            sched = Trainer.build_lr_scheduler(cfg, opt)
             inputs = synthetic_inputs(spec["batch"], spec["size"], cfg.MODEL.RETINANET.NUM_CLASSES,
                                       spec["seed"], device)
-            dtype = PRECISION_DTYPES[precision]
+            step = TrainingStep(model, inputs, opt, scheduler=Trainer.build_lr_scheduler(cfg, opt),
+                                amp_dtype=gpu_report.AMP_DTYPES.get(precision), check_finite=True)
             losses, times = [], []
-            with EventStorage(0), PeakMemory(device) as mem:
-                for it in range(spec["iters"]):
+            with PeakMemory(device) as mem:
+                for _ in range(spec["iters"]):
                     t0 = time.perf_counter()
-                    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                        loss_dict = model(inputs)
-                    loss = sum(loss_dict.values())
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"iteration {it}: loss is not finite: "
-                                                 f"{ {k: float(v) for k, v in loss_dict.items()} }")
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    bad = [n for n, p in model.named_parameters() if p.grad is not None
-                           and not torch.isfinite(p.grad).all()]
-                    if bad:
-                        raise FloatingPointError(f"iteration {it}: non-finite gradients in {bad[:5]}")
-                    opt.step()
-                    sched.step()
+                    loss = step()
                     synchronize(device)
                     times.append(time.perf_counter() - t0)
                     losses.append(float(loss))
@@ -468,7 +454,7 @@ def build_parser():
     p.add_argument("--budget", nargs="+", metavar="STAGE=SECONDS",
                    help=f"time budget per stage (default {DEFAULT_BUDGET_S})")
     p.add_argument("--configs", nargs="+", metavar="FILE", help="configs stage: these configs (default: all)")
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(PRECISION_DTYPES),
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(gpu_report.PRECISIONS),
                    help="configs stage: precisions (default fp32 bf16)")
     p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 3; quick 2)")
     p.add_argument("--size", type=int, default=None, help="configs stage: image side (default 256; quick 128)")

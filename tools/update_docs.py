@@ -5,14 +5,15 @@
     python tools/update_docs.py --check                  # change nothing; exit 1 with a diff if stale
     python tools/update_docs.py --model-table [--check]  # and count every model again (minutes)
 
-What is generated from what: :mod:`aadet_tools.docs`. ``make docs`` runs it with
-``--model-table``; ``tools/record_demo_results.py`` adds runs and runs it.
+Which blocks, from which data: ``tools/aadet_tools/generated_docs.py``. The model table's columns
+other than the demo results are kept as committed, or, with ``--model-table``, counted again from
+every config (``make docs``). ``tools/record_demo_results.py`` adds runs and regenerates too.
 """
 import argparse
 import os
 import sys
 
-from aadet_tools import docs
+from aadet_tools.generated_docs import stale_files, write
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,9 +26,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if not args.check:
-            docs.write(REPO, model_table=args.model_table)
+            write(REPO, model_table=args.model_table)
             return 0
-        stale = docs.stale_files(REPO, model_table=args.model_table)
+        stale = stale_files(REPO, model_table=args.model_table)
     except ValueError as e:
         print(f"update_docs: {e}", file=sys.stderr)
         return 1

@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 
-from aadet.utils.run_summary import last_box_metrics
+from aadet_tools.run_summary import last_box_metrics
 
 from tests.helpers import REPO
-from tests.helpers.learning_runs import RUNS, command
+from tests.helpers.learning_runs import RUNS, command, environment
 
 
 def read_metrics(out):
@@ -30,7 +30,7 @@ def read_metrics(out):
 
 
 def _train(name, out, trees_root, mutation=None):
-    env = dict(os.environ, AADET_DATASETS=trees_root, PYTHONPATH=REPO)
+    env = environment(AADET_DATASETS=trees_root)
     p = subprocess.run(command(name, str(out), mutation=mutation), env=env, capture_output=True,
                        text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -58,7 +58,7 @@ MARGIN = 1.0
 def _measured(name):
     """The val AP50 of the recorded runs of ``name`` (docs/runs/learning), by seed."""
     from aadet_tools.demo_results import entry_name
-    from aadet.utils.run_summary import load_summaries
+    from aadet_tools.run_summary import load_summaries
 
     folder = os.path.join(REPO, "docs", "runs", "learning")
     want = entry_name({"config_file": RUNS[name].config, "opts": command(name, "x")[4:]})

@@ -59,6 +59,13 @@ RUNS: Dict[str, LearningRun] = {
 }
 
 
+def environment(**extra: str) -> Dict[str, str]:
+    """The environment of a run: this checkout's ``aadet`` and ``tools/`` (``aadet_tools``) on
+    ``PYTHONPATH``, as a run through ``broken_attention.py`` needs (it starts ``train_net.py``
+    from the helper's folder)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tools")]), **extra)
+
+
 def command(arch: str, out: str, seed: Optional[int] = None, mutation: Optional[str] = None) -> List[str]:
     """The command line of one run (``tools/train_net.py``, or through ``broken_attention.py``):
     ``[python, script, (mutation,) "--config-file", CONFIG, KEY, VALUE, ...]``."""
@@ -77,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS))
     p.add_argument("--mutations", nargs="*", default=["none", *MUTATIONS], choices=["none", *MUTATIONS])
     args = p.parse_args(argv)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = environment()
     os.makedirs(args.out, exist_ok=True)
     failed = 0
     for arch in args.arch:

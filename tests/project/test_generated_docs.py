@@ -2,7 +2,8 @@
 ``tools/update_docs.py`` makes from the committed data today, and that data is today's.
 
 * the generated blocks (demo results, learning table, the model table counted again, README's
-  results table, BENCHMARKS' CPU targets) are up to date (``make docs`` fixes them);
+  results table, BENCHMARKS' CPU targets, the COCO cost tables) are up to date (``make docs``
+  fixes them);
 * every run summary under ``docs/runs`` was made with the config that its file and overrides
   give today: a changed config invalidates its numbers instead of keeping them;
 * every demo config has its three seeds.
@@ -12,7 +13,7 @@ import os
 import pytest
 
 from aadet_tools.demo_results import DEMOS, SEEDS, TEST, VAL, build_demo_results, recipe_opts
-from aadet_tools.docs import committed_override
+from aadet_tools.generated_docs import committed_override
 
 from tests.helpers import REPO, load_tool
 
@@ -33,7 +34,7 @@ def test_every_demo_config_has_its_seeds():
 
 
 def _all_summaries():
-    from aadet.utils.run_summary import load_summaries
+    from aadet_tools.run_summary import load_summaries
 
     return [s for kind in ("demo", "learning") if os.path.isdir(os.path.join(RUNS, kind))
             for s in load_summaries(os.path.join(RUNS, kind))]
@@ -44,7 +45,7 @@ def test_summary_was_made_with_todays_config(summary):
     """Resolve the summary's config file and overrides as tools/train_net.py does: the keys that
     differ from the defaults must be the ones the run recorded."""
     from aadet.engine import apply_epoch_schedule, get_aadet_cfg, load_config
-    from aadet.utils.run_summary import config_diff
+    from aadet_tools.run_summary import config_diff
 
     opts = [x for kv in recipe_opts(summary.get("opts", [])) for x in kv]
     cfg = load_config(os.path.join(REPO, summary["config_file"]), opts, freeze=False)

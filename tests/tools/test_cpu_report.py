@@ -1,13 +1,9 @@
 """``tools/aadet_tools/cpu_report.py`` (``tools/benchmark_cpu.py``'s report) on synthetic benchmark
 outputs with known ratios: every CPU target gets a verdict from its own run's baseline, misses say
 by how much, and runs from different CPUs or thread counts are refused."""
-import json
-import os
-
 import pytest
 
 from aadet_tools.cpu_report import CPU_RUNS, CPU_TARGETS, benchmarks_cpu, render_cpu_markdown
-from tests.helpers import REPO
 
 MIB = 2**20
 ENV = {"device_name": "Some Xeon", "torch": "2.14.1", "torch_threads": 1}
@@ -76,52 +72,3 @@ def test_runs_from_different_cpus_or_threads_are_refused():
         benchmarks_cpu(_reports(torch_threads=2), {})
     with pytest.raises(ValueError, match="missing"):
         benchmarks_cpu({"layers": _reports()["layers"]}, {})
-
-
-def test_benchmarks_md_shows_the_committed_report():
-    # BENCHMARKS.md's targets table is the rendering of docs/benchmarks_cpu.json, which comes from
-    # a clean checkout of a commit (a number typed in, or a report of uncommitted code, fails here).
-    with open(os.path.join(REPO, "docs", "benchmarks_cpu.json")) as f:
-        bench = json.load(f)
-    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
-        text = f.read()
-    assert render_cpu_markdown(bench) in text
-    assert bench["commit"] and bench["dirty"] is False
-    assert f"measured at commit {bench['commit'][:7]}" in text
-
-
-def test_benchmarks_md_profile_is_the_committed_run():
-    # The "what bounds the misses" figures come from tools/profile_step.py's JSON under
-    # docs/runs/benchmarks, made from a clean checkout of the commit the text names, with the
-    # command shown above them; each demo's step time in the text is the JSON's.
-    with open(os.path.join(REPO, "docs", "runs", "benchmarks", "profile_demo_cpu.json")) as f:
-        prof = json.load(f)
-    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
-        text = " ".join(f.read().replace("\\\n", " ").split())  # one line, continuations joined
-    assert prof["commit"] and prof["dirty"] is False
-    assert f"measured at commit {prof['commit'][:7]}" in text
-    configs = [r["config"] for r in prof["results"]]
-    assert "python tools/profile_step.py --configs " + " ".join(configs) in text
-    base = prof["results"][0]["step_ms"]
-    for r in prof["results"]:
-        assert f"{r['step_ms']:.0f} ms" in text, r["config"]
-        if r is not prof["results"][0]:
-            assert f"{r['step_ms'] / base:.2f}x" in text or f"{r['step_ms'] / base:.1f}x" in text, r["config"]
-
-
-@pytest.mark.parametrize("run,tool", [("layers_cpu", "benchmark_layers"), ("layers_aa_cpu", "benchmark_layers"),
-                                      ("layers_aa20_cpu", "benchmark_layers"), ("demo_cpu", "benchmark"),
-                                      ("coco_cpu", "benchmark")])
-def test_benchmarks_md_tables_are_the_committed_runs(run, tool):
-    # Every row of BENCHMARKS.md's CPU layer and model tables is its tool's rendering of the run's
-    # JSON under docs/runs/benchmarks (a number typed in, or a table left from an older run, fails).
-    from tests.helpers import load_tool
-
-    with open(os.path.join(REPO, "docs", "runs", "benchmarks", f"{run}.json")) as f:
-        report = json.load(f)
-    with open(os.path.join(REPO, "BENCHMARKS.md")) as f:
-        text = f.read()
-    rows = [line for line in load_tool(tool).render_markdown(report).splitlines()
-            if line.startswith("| ") and not line.startswith(("| Map", "| Config"))]
-    missing = [r for r in rows if r not in text]
-    assert rows and not missing, f"rows of {run}.json not in BENCHMARKS.md:\n" + "\n".join(missing)

@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-from aadet.utils.run_summary import box_metrics_by_dataset, last_box_metrics
 from aadet_tools.demo_results import (
     BASELINE,
     SPLIT_OBJECTS,
@@ -21,8 +20,8 @@ from aadet_tools.demo_results import (
     replace_block,
     sampling_error,
 )
-
-from aadet_tools.docs import committed_override
+from aadet_tools.generated_docs import committed_override
+from aadet_tools.run_summary import box_metrics_by_dataset, last_box_metrics
 
 from tests.helpers import REPO, load_tool
 
@@ -113,7 +112,7 @@ def test_committed_override_loads_the_config(tmp_path):
 def test_record_tool_adds_runs(tmp_path, monkeypatch, capsys):
     tool = load_tool("record_demo_results")
     monkeypatch.setattr(tool, "REPO", str(tmp_path))
-    monkeypatch.setattr(tool.docs, "write", lambda repo: None)  # the docs: test_generated_docs.py
+    monkeypatch.setattr(tool, "write", lambda repo: None)  # the docs: test_generated_docs.py
     run = tmp_path / "out" / f"{BASELINE}_s42"
     _write(run, [dict(_summary(BASELINE, 42, 40.0, 20.0), _file="run_summary.json")])
     assert tool.main([str(run)]) == 0

@@ -24,7 +24,7 @@ from .gpu_report import (
     evaluate_targets,
     layer_rows,
 )
-from aadet.analysis.report import markdown_table
+from .report import markdown_table
 
 __all__ = [
     "CPU_RUNS",

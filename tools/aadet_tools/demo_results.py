@@ -22,7 +22,7 @@ import os
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from aadet.utils.run_summary import BOX_METRICS, NOT_RECIPE_KEYS, load_summaries
+from .run_summary import BOX_METRICS, NOT_RECIPE_KEYS, load_summaries
 
 __all__ = [
     "VAL",

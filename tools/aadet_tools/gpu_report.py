@@ -44,7 +44,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from aadet.analysis.report import markdown_table, mib, ratio
+from .report import markdown_table, mib, ratio
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -8,7 +8,7 @@ AP50 measured on the demo data's val and test splits where runs are recorded
 (``docs/demo_results.json``, see :func:`load_demo_results`).
 
 :func:`analyze_model` takes a model already built from its config; :func:`analyze_config` loads
-and builds it first (``tools/analyze_model.py``, ``tools/update_docs.py --model-table``).
+the config and builds the model first (``tools/analyze_model.py``, ``make docs``).
 
 The rendered table sits between :data:`TABLE_BEGIN` and :data:`TABLE_END` so that a test can
 compare it with a fresh run of the tool (:func:`parse_markdown`). The README shows a summary of it
@@ -155,9 +155,16 @@ def analyze_model(
     return ModelRow(key, params, fl, tuple(size), paper_numbers(config_file), demo)
 
 
-def analyze_config(config_file: str, size=None, *, flops: bool = True, opts=(), demo_results=None) -> ModelRow:
-    """The row of ``config_file`` (:func:`analyze_model`): its model built on CPU in eval mode with
-    seed 0, ``opts`` overriding the config."""
+def analyze_config(
+    config_file: str,
+    size: Optional[Tuple[int, int]] = None,
+    *,
+    flops: bool = True,
+    opts: Sequence[str] = (),
+    demo_results: Optional[Dict[str, Dict[str, float]]] = None,
+) -> ModelRow:
+    """The row of ``config_file`` (:func:`analyze_model`): its model built on CPU in eval mode
+    with seed 0, ``opts`` overriding the config."""
     import torch
     from detectron2.modeling import build_model
 
@@ -165,8 +172,8 @@ def analyze_config(config_file: str, size=None, *, flops: bool = True, opts=(), 
 
     cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
     torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    return analyze_model(config_file, cfg, model, size, flops=flops, demo_results=demo_results)
+    return analyze_model(config_file, cfg, build_model(cfg).eval(), size, flops=flops,
+                         demo_results=demo_results)
 
 
 def _size_cell(row: "ModelRow") -> str:

@@ -1,12 +1,13 @@
-"""The COCO cost model (aadet/analysis/cost.py) and its tool (tools/coco_cost.py): the schedule
-and the batch/LR rule agree with what training does, the estimates follow their formula, a
-benchmark turns rows into measured ones, and docs/reproduce_coco.md holds the tool's output."""
-import argparse
+"""The COCO cost model (``tools/aadet_tools/cost.py``) and its tool (``tools/coco_cost.py``): the
+schedule and the batch/LR rule agree with what training does, the estimates follow their formula,
+a benchmark turns rows into measured ones, and the tool prints and writes its block (the committed
+doc's block itself: tests/project/test_generated_docs.py)."""
+import json
 import os
 
 import pytest
 
-from aadet.analysis import cost
+from aadet_tools import cost
 
 from tests.helpers import REPO, load_tool
 
@@ -109,17 +110,45 @@ def test_scaling_table_keeps_epochs_and_images_per_gpu():
     assert table.count("2.00x") == 2
 
 
-def test_the_doc_holds_the_tools_output():
-    coco_cost = load_tool("coco_cost")
+def _model_table(tmp_path, gflops):
+    """A made-up model table with every COCO config at 640 (the columns the tool reads)."""
+    names = [os.path.splitext(os.path.basename(c))[0] for c in cost.coco_configs(REPO)]
+    rows = [f"| `COCO-Detection/{n}` | 30.00 | 640 | {gflops:.1f} | {0.0 if n.startswith('retinanet') else 3.0} |"
+            for n in names]
+    path = tmp_path / "model_table.md"
+    path.write_text("| Config | Params (M) | Input | GFLOPs | Attention GFLOPs |\n|:---|---:|---:|---:|---:|\n"
+                    + "\n".join(rows) + "\n")
+    return str(path)
 
-    args = argparse.Namespace(
-        gpu="A100", bench=os.path.join(REPO, "docs", "benchmarks_cuda.json"),
-        model_table=os.path.join(REPO, "docs", "model_table.md"), count_flops=False)
-    block = coco_cost.render(args)
-    with open(os.path.join(REPO, "docs", "reproduce_coco.md")) as f:
-        doc = f.read()
-    assert block.strip() in doc, (
-        "docs/reproduce_coco.md is out of date: python tools/coco_cost.py --write docs/reproduce_coco.md")
+
+def test_the_tool_prints_and_writes_its_block(tmp_path, capsys):
+    """``tools/coco_cost.py`` on a made-up model table and benchmark: one row per COCO config,
+    the benchmarked one measured; ``--write`` replaces the block of a document and nothing else."""
+    tool = load_tool("coco_cost")
+    table = _model_table(tmp_path, 190.0)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"size": [640, 640], "batch": 8, "device_name": "Some GPU", "configs": [
+        {"config": R50, "precision": "fp32", "train_ms": 150.0, "train_peak_mib": 9216.0}]}))
+    assert tool.main(["--model-table", table, "--bench", str(bench)]) == 0
+    block = capsys.readouterr().out
+    assert block.startswith(cost.BEGIN) and block.rstrip().endswith(cost.END)
     rows = [ln for ln in block.splitlines() if ln.startswith("| `")]
-    assert len(rows) == len(os.listdir(os.path.join(REPO, "configs", "COCO-Detection")))
-    assert all(" measured " in r or " estimated " in r for r in rows)
+    assert len(rows) == len(cost.coco_configs(REPO))
+    assert [r for r in rows if " measured " in r] == [r for r in rows if r.startswith(f"| `{R50}` |")]
+    assert all(" estimated " in r for r in rows if not r.startswith(f"| `{R50}` |"))
+
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# Cost\n\n{cost.BEGIN}\nold\n{cost.END}\n\ntail\n")
+    assert tool.main(["--model-table", table, "--bench", str(bench), "--write", str(doc)]) == 0
+    assert doc.read_text() == "# Cost\n\n" + block + "\ntail\n"
+    doc.write_text("# no block\n")
+    assert tool.main(["--model-table", table, "--bench", str(bench), "--write", str(doc)]) == 1
+    assert "coco-cost:begin" in capsys.readouterr().err and doc.read_text() == "# no block\n"
+
+
+def test_the_tool_names_a_config_missing_from_the_model_table(tmp_path, capsys):
+    table = tmp_path / "model_table.md"
+    table.write_text("| Config | Params (M) | Input | GFLOPs | Attention GFLOPs |\n|:---|---:|---:|---:|---:|\n"
+                     f"| `COCO-Detection/{R50}` | 33.85 | 640 | 190.3 | 0.00 |\n")
+    assert load_tool("coco_cost").main(["--model-table", str(table), "--bench", str(tmp_path / "none")]) == 1
+    assert "is not in the model table" in capsys.readouterr().err

@@ -1,9 +1,8 @@
 """Making the demo dataset: NEON tree crowns from the ``deepforest==2.1.0`` wheel, as COCO tiles.
 
-Used by ``tools/prepare_demo_data.py``. ``import aadet`` does not load this module (it downloads
-and writes nothing); import it as ``aadet.data.prepare_trees``. Split names, dataset names, paths
-and the class come from :mod:`aadet.data.trees`, which the registration
-(:func:`aadet.data.register_trees`) reads too.
+Used by ``tools/prepare_demo_data.py``; not part of the installed ``aadet`` (which downloads and
+writes nothing). Split names, dataset names, paths and the class come from
+:mod:`aadet.data.trees`, which the registration (:func:`aadet.data.register_trees`) reads too.
 
 Source. The ``deepforest`` wheel on the package index ships hand-labelled RGB aerial images of tree
 crowns (National Ecological Observatory Network, public domain) as PNG + Pascal-VOC XML in
@@ -139,7 +138,7 @@ DROP_EMPTY = {"train": True, "val": False, "test": False}  # drop tiles without 
 
 for _table in (SOURCES, DROP_EMPTY):  # keyed by the library's split names, all of them
     if tuple(_table) != SPLITS:
-        raise ImportError(f"aadet.data.prepare_trees: {tuple(_table)} are not the splits {SPLITS}")
+        raise ImportError(f"aadet_tools.prepare_trees: {tuple(_table)} are not the splits {SPLITS}")
 del _table
 
 

@@ -1,6 +1,6 @@
 """Timing, peak-memory measurement, AMP settings and worker processes shared by
 ``tools/benchmark.py`` and ``tools/benchmark_layers.py`` (their report -- ratios, markdown, JSON --
-is :mod:`aadet.analysis.report`).
+is :mod:`aadet_tools.report`).
 
 Timing (:func:`time_fn`): ``warmup`` untimed calls, then ``iters`` timed calls, each bracketed by
 a device synchronization (``torch.cuda.synchronize`` on CUDA), summarised by the median (robust
@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..utils.run_summary import cpu_model
+from .run_summary import cpu_model
 
 __all__ = [
     "AMP_DTYPES",

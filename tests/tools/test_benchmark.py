@@ -1,15 +1,18 @@
-"""The benchmark report and AMP settings shared by tools/benchmark.py and tools/benchmark_layers.py:
-ratios to a reference (exact numbers, missing sections, zero references), markdown, JSON, exit
-status, the AMP dtype choice, and each tool's ratios and table on hand-made results."""
+"""The benchmark tools (``tools/benchmark.py``, ``tools/benchmark_layers.py``) and their shared code
+(``aadet_tools.timing``, ``aadet_tools.report``): ratios to a reference (exact numbers, missing
+sections, zero references), markdown, JSON, exit status, the AMP dtype choice, timing and peak
+memory, each tool's ratios and table on hand-made results, and tiny runs of both."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from aadet.analysis import timing
-from aadet.analysis.report import (
+from aadet_tools import timing
+from aadet_tools.report import (
     MISSING,
     fmt,
     index_results,
@@ -19,16 +22,17 @@ from aadet.analysis.report import (
     ratios,
     write_report,
 )
-from aadet.analysis.timing import (
+from aadet_tools.timing import (
     AMP_DTYPES,
     autocast,
     check_amp_dtype,
     default_amp_dtype,
     needs_grad_scaler,
+    time_fn,
     worker_main,
 )
 
-from tests.helpers import REPO, load_tool
+from tests.helpers import REPO, TOOLS, load_tool
 
 
 # ----------------------------------------------------------------------------- report.py
@@ -71,6 +75,30 @@ def test_write_report(tmp_path, capsys):
     assert write_report({"results": [{"x": 1}, {"error": "boom"}]}, "table\n") == 1
     assert capsys.readouterr().out == "table\n"
     assert not list(tmp_path.glob("**/*.tmp"))
+
+
+# ----------------------------------------------------------------------------- timing helpers
+def test_time_fn_and_peak_memory():
+    calls = []
+    t = time_fn(lambda: calls.append(1), warmup=2, iters=3)
+    assert len(calls) == 5 and t["iters"] == 3 and t["median_s"] >= 0 and len(t["times_s"]) == 3
+    # In a fresh process: in a long pytest run the resident set can shrink inside the phase
+    # (freed heap, reclaimed file pages) and hide part of the allocation.
+    code = (
+        "import json, torch\n"
+        "from aadet_tools.timing import PeakMemory\n"
+        "with PeakMemory('cpu') as mem:\n"
+        "    x = torch.ones(128 * 2**20 // 4)  # 128 MiB, touched\n"
+        "    del x\n"
+        "print(json.dumps([mem.exact, mem.peak_bytes]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TOOLS])))
+    assert p.returncode == 0, p.stderr[-2000:]
+    exact, peak = json.loads(p.stdout.strip().splitlines()[-1])
+    assert peak >= 96 * 2**20 if exact else peak >= 0, (exact, peak)
+    with pytest.raises(ValueError, match="iters >= 1"):
+        time_fn(lambda: None, warmup=0, iters=0)
 
 
 # ----------------------------------------------------------------------------- AMP settings
@@ -170,6 +198,13 @@ def test_benchmark_layers_ratios():
     }
     assert results[2]["ratios"]["conv3x3"] == {"time": 1.0, "cpu_time": None, "peak_mem": 1.0}
     assert "ratios" not in results[3]
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    md = benchmark_layers.render_markdown(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
+                                               reference_check={"sasa": 1e-12}, results=results))
+    assert md.startswith("Device: Test CPU (cpu)") and "reference check" in md.lower() and "sasa 1.0e-12" in md
+    assert ("| 20x20, C=256 | LocalSelfAttention2d, ours (neighborhood) | 2000.0 | 1000.0 | 2.00 | 0.25 | 0 "
+            "| 3.00 | 0.50 |") in md
+    assert "| 80x80, C=128 | core, naive (full logits + rel_to_abs) | big |" in md
 
 
 @pytest.mark.parametrize("tool", ["benchmark", "benchmark_layers"])
@@ -194,3 +229,62 @@ def test_tools_refuse_repeated_cases_before_running():
         benchmark.main(["--configs", config, config])
     with pytest.raises(SystemExit, match=r"--sizes lists a size more than once: \[20, 20\]"):
         benchmark_layers.main(["--sizes", "20", "20"])
+
+
+# ----------------------------------------------------------------------------- tiny runs
+def test_layer_benchmark_naive_references_agree_with_ours():
+    tool = load_tool("benchmark_layers")
+    with torch.no_grad():
+        ref = tool.check_references()
+    assert max(ref.values()) < 1e-9, ref
+
+
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
+def test_layer_benchmark_case_runs(impl):
+    tool = load_tool("benchmark_layers")
+    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0)} == {
+        "neighborhood", "fused", "cpp", "unfold", "conv3x3"}
+    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0, cuda=True)} == {
+        "neighborhood", "fused", "triton", "unfold", "conv3x3"}
+    aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
+    assert {"triton", "flex"} <= aa_core
+    case = dict(suite="sasa", kind="layer", impl=impl, side=20, channels=256)
+    spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
+    r = tool.run_case(spec)
+    assert r["median_s"] > 0 and r["peak_bytes"] >= 0
+
+
+@pytest.mark.slow  # a subprocess building and timing a demo model
+def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "tools", "benchmark.py"),
+        "--configs",
+        os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
+        "--device",
+        "cpu",
+        "--size",
+        "128",
+        "--batch",
+        "1",
+        "--warmup",
+        "1",
+        "--iters",
+        "2",
+        "--output-json",
+        str(out_json),
+        "--output-md",
+        str(out_md),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out_json.read_text())
+    (r,) = report["results"]
+    assert "error" not in r, r.get("detail")
+    assert report["size"] == [128, 128] and report["batch"] == 1
+    assert r["train"]["median_s"] > 0 and r["train"]["images_per_s"] > 0
+    assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
+    assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
+    assert "| `trees_R_26_slim_FPN` |" in out_md.read_text()

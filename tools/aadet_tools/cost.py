@@ -30,10 +30,13 @@ fp32) + activations, scaled from the reference's (its peak minus its own 16 byte
 images of ``r`` x 640 x 640 pixels) by images, pixels and FLOPs, x :data:`RECIPE_MEMORY`. For the
 attention configs it is a lower bound: attention keeps more per FLOP (softmax maps, neighbourhoods).
 
-Everything here is a pure function of numbers (the tool ``tools/coco_cost.py`` reads the configs,
-the model table and the benchmark JSON); ``tests/analysis/test_cost.py`` checks it.
+The cost model is a pure function of numbers; :func:`render_block` reads the COCO configs for it
+and makes the generated block of ``docs/reproduce_coco.md`` (``tools/coco_cost.py`` prints it,
+``tools/update_docs.py`` keeps the doc up to date); ``tests/tools/test_coco_cost.py`` checks both.
 """
+import glob
 import math
+import os
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 __all__ = [
@@ -60,6 +63,15 @@ __all__ = [
     "render_cost_table",
     "render_scaling_table",
     "render_assumptions",
+    "BEGIN",
+    "END",
+    "COMMAND",
+    "REFERENCE_CONFIG",
+    "coco_configs",
+    "config_facts",
+    "count_flops",
+    "render_block",
+    "replace_block",
 ]
 
 #: COCO train2017 images with at least one annotation: what Detectron2's loader samples from
@@ -372,3 +384,124 @@ def render_assumptions(gpu: str) -> str:
     lines.append(f"* measured rows: 8-GPU iteration = single-GPU benchmark step x {DDP_OVERHEAD.nominal} "
                  f"({DDP_OVERHEAD.low}–{DDP_OVERHEAD.high})")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the doc's block
+#: The markers of the generated block in ``docs/reproduce_coco.md``.
+BEGIN, END = "<!-- coco-cost:begin -->", "<!-- coco-cost:end -->"
+COMMAND = "python tools/coco_cost.py"
+#: The config the estimates are scaled from (the conv R50, as the public references).
+REFERENCE_CONFIG = "retinanet_R_50_FPN_scratch_150ep"
+
+
+def coco_configs(repo: str) -> List[str]:
+    """The COCO configs of the checkout ``repo``, sorted."""
+    return sorted(glob.glob(os.path.join(repo, "configs", "COCO-Detection", "*.yaml")))
+
+
+def _attention_kind(cfg) -> Optional[str]:
+    name = cfg.MODEL.BACKBONE.NAME
+    if "sasa" in name:
+        return "local"
+    if "_aa_" in name:
+        return "global"
+    return None
+
+
+def config_facts(config_file: str, flops: Dict[str, Dict[str, float]]):
+    """``(ConfigFacts, cfg)`` of ``config_file``, its FLOPs from ``flops`` (a model table read by
+    :func:`read_model_table`, or :func:`count_flops`).
+
+    Raises:
+        ValueError: the config is not in ``flops``, or not counted at 640x640.
+    """
+    from aadet.engine import load_config
+
+    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu"])
+    name = os.path.splitext(os.path.basename(config_file))[0]
+    if name not in flops:
+        raise ValueError(f"{name} is not in the model table: run `make docs` or pass --count-flops")
+    f = flops[name]
+    if f["input"].split()[0] != "640":
+        raise ValueError(f"{name}: model table FLOPs are at {f['input']}, the table needs 640")
+    return ConfigFacts(
+        name=name, gflops=f["gflops"], attention_gflops=f["attention_gflops"], params_m=f["params_m"],
+        attention=_attention_kind(cfg), ims_per_batch=cfg.SOLVER.IMS_PER_BATCH, epochs=cfg.SOLVER.EPOCHS,
+        precision="fp32" if not cfg.SOLVER.AMP.ENABLED else "bf16",
+    ), cfg
+
+
+def count_flops(config_files: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """What :func:`read_model_table` reads, counted by building each model (minutes)."""
+    from .model_table import analyze_config
+
+    out = {}
+    for path in config_files:
+        row = analyze_config(path, (640, 640))
+        out[os.path.splitext(os.path.basename(path))[0]] = {
+            "gflops": 2 * row.flops["total"] / 1e9, "attention_gflops": 2 * row.flops["attention"] / 1e9,
+            "params_m": row.params["total"] / 1e6, "input": "640"}
+    return out
+
+
+def _solver_values(cfg) -> Dict[str, object]:
+    from aadet.engine import epochs_to_iters
+
+    s = cfg.SOLVER
+    return {
+        "IMS_PER_BATCH": s.IMS_PER_BATCH, "BASE_LR": s.BASE_LR, "WARMUP_ITERS": s.WARMUP_ITERS,
+        "MAX_ITER": epochs_to_iters(s.EPOCHS, COCO_TRAIN_IMAGES, s.IMS_PER_BATCH),
+        "STEPS": tuple(epochs_to_iters(e, COCO_TRAIN_IMAGES, s.IMS_PER_BATCH) for e in s.STEPS_EPOCHS),
+        "CHECKPOINT_PERIOD": s.CHECKPOINT_PERIOD, "REFERENCE_WORLD_SIZE": s.REFERENCE_WORLD_SIZE,
+    }
+
+
+def render_block(config_files: Sequence[str], flops: Dict[str, Dict[str, float]], flops_from: str,
+                 bench: Optional[dict], gpu: str = "A100") -> str:
+    """The generated block (``BEGIN`` ... ``END``, with a final newline): the assumptions, the cost
+    table of ``config_files`` (one of them :data:`REFERENCE_CONFIG`) and the scaling table.
+
+    Args:
+        flops: per config name, as :func:`read_model_table` returns; ``flops_from`` says where
+            they come from (shown in the block).
+        bench: ``docs/benchmarks_cuda.json`` (None: no measured rows).
+        gpu: the GPU the estimates are for (a key of :data:`REFERENCES`).
+    """
+    pairs = [config_facts(c, flops) for c in config_files]
+    facts = [p[0] for p in pairs]
+    rows = cost_rows(facts, REFERENCE_CONFIG, bench, gpu)
+    solver = _solver_values(dict((p[0].name, p[1]) for p in pairs)[REFERENCE_CONFIG])
+    why = bench_unusable(bench)
+    out = [
+        BEGIN,
+        f"<!-- generated by `{COMMAND}{' --gpu ' + gpu if gpu != 'A100' else ''}`; "
+        "method and constants: tools/aadet_tools/cost.py -->",
+        "",
+        f"Schedule: {facts[0].epochs:g} epochs x {COCO_TRAIN_IMAGES:,} images / batch "
+        f"{facts[0].ims_per_batch} on {NODE_GPUS} GPUs ({facts[0].ims_per_batch // NODE_GPUS} "
+        f"images per GPU); FLOPs per 640x640 image from {flops_from}. Measured rows: "
+        + (f"none ({why})." if why else f"{bench.get('device_name')}, docs/benchmarks_cuda.json."),
+        "Ranges: nominal (optimistic–pessimistic end of every factor).",
+        "",
+        render_assumptions(gpu),
+        render_cost_table(rows, facts),
+        f"Batch and LR on other GPU counts (`{REFERENCE_CONFIG}`; every COCO config has the same "
+        "SOLVER):",
+        "",
+        render_scaling_table(solver),
+        END,
+    ]
+    return "\n".join(out) + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with its part from ``BEGIN`` to ``END`` (inclusive) replaced by ``block``
+    (:func:`render_block`'s).
+
+    Raises:
+        ValueError: ``text`` has no such part.
+    """
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"no {BEGIN} ... {END} block to replace")
+    head, rest = text.split(BEGIN, 1)
+    return head + block.rstrip("\n") + rest.split(END, 1)[1]

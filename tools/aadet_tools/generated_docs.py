@@ -1,17 +1,20 @@
-"""The docs' generated blocks, made from the committed data (``tools/update_docs.py``).
+"""Every generated block of the docs, made from the committed data: what ``tools/update_docs.py``
+writes or checks (and ``tools/record_demo_results.py`` runs after adding runs).
 
-From the run summaries under ``docs/runs/demo`` (:mod:`.demo_results`): ``docs/demo_results.json``,
-the noise and headline tables of ``docs/demo_results.md``, the demo column of
-``docs/model_table.md`` and the README's results table; from ``docs/runs/learning``: the learning
-table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json``: the CPU targets table of
-``BENCHMARKS.md``. The model table's other columns are kept as committed, or, with
-``model_table=True``, counted again from every config (:func:`.model_table.analyze_config`).
+From the run summaries under ``docs/runs/demo`` (:mod:`aadet_tools.demo_results`):
+``docs/demo_results.json``, the noise and headline tables of ``docs/demo_results.md``, the demo
+column of ``docs/model_table.md`` and the README's results table; from ``docs/runs/learning``: the
+learning table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json``: the CPU targets table of
+``BENCHMARKS.md``; from the COCO configs, the model table and ``docs/benchmarks_cuda.json``: the
+cost tables of ``docs/reproduce_coco.md`` (:mod:`aadet_tools.cost`). The model table's other
+columns are kept as committed, or, with ``model_table``, counted again from every config.
 """
 import difflib
 import json
 import os
 from typing import Callable, Dict
 
+from . import cost
 from .cpu_report import render_cpu_markdown
 from .demo_results import (
     DEMOS,
@@ -90,6 +93,14 @@ def generated_files(repo: str, model_table: bool = False) -> Dict[str, str]:
     bench_md, bench_json = os.path.join(repo, "BENCHMARKS.md"), os.path.join(docs, "benchmarks_cpu.json")
     with open(bench_json) as f:
         out[bench_md] = replace_block(_read(bench_md), "cpu", render_cpu_markdown(json.load(f)))
+    coco_md, cuda_json = os.path.join(docs, "reproduce_coco.md"), os.path.join(docs, "benchmarks_cuda.json")
+    bench = None
+    if os.path.isfile(cuda_json):
+        with open(cuda_json) as f:
+            bench = json.load(f)
+    coco = cost.render_block(cost.coco_configs(repo), cost.read_model_table(out[table_md]),
+                             os.path.relpath(table_md, repo), bench)
+    out[coco_md] = cost.replace_block(_read(coco_md), coco)
     return out
 
 

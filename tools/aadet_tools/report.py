@@ -2,7 +2,7 @@
 ratios to a reference result, markdown, JSON.
 
 A benchmark run is a JSON-able ``report`` dict: the run's settings, ``"env"``
-(:func:`aadet.analysis.timing.environment_info`) and ``"results"``, one dict per case (a failed
+(:func:`aadet_tools.timing.environment_info`) and ``"results"``, one dict per case (a failed
 case carries ``"error"``, a case not run ``"skipped"``). Each tool says which results are compared
 with which (the conv baseline config; the naive layer) and which numbers; this module does the rest:
 
@@ -100,7 +100,7 @@ def mib(num_bytes: Optional[float]) -> Optional[float]:
 
 def header_line(report: Mapping, peak_memory: str) -> str:
     """``"Device: <name> (<device>), torch <v>, <n> thread(s)"`` + the AMP mode and what peak
-    memory means (``peak_memory``, :func:`aadet.analysis.timing.peak_memory_meaning`)."""
+    memory means (``peak_memory``, :func:`aadet_tools.timing.peak_memory_meaning`)."""
     env = report["env"]
     amp = f"; AMP autocasts to {report['amp_dtype']}" if report.get("amp_dtype") else ""
     return (

@@ -1,7 +1,8 @@
 """Run summaries: the few kilobytes that make a training figure re-runnable.
 
-Every training run writes ``<OUTPUT_DIR>/run_summary.json`` when it ends
-(:class:`aadet.engine.hooks.RunSummaryHook`); the runs a document cites are copied into
+Every training of ``tools/train_net.py`` writes ``<OUTPUT_DIR>/run_summary.json`` when it ends
+(:class:`RunSummaryHook`, which the script registers; an ``--eval-only`` run writes one too,
+:func:`write_run_summary`); the runs a document cites are copied into
 ``docs/runs/`` (``tools/record_demo_results.py``), and every number of ``docs/demo_results.json``
 and of the docs' tables is computed from those copies (a test checks it). A summary holds::
 
@@ -20,15 +21,19 @@ and of the docs' tables is computed from those copies (a test checks it). A summ
      "cpu_seconds": 480.2,   # CPU time of the training process over the same span (all threads)
      "metrics": {"trees_val": {"AP": 14.2, "AP50": 47.3, "AP75": 3.9}, "trees_test": {...}}}
 
-Everything here is plain Python (json, os, subprocess): no Detectron2, so tests and tools read
-summaries without building a model.
+Reading a summary needs no model: tests and tools read them with plain json.
 """
 import hashlib
 import json
+import logging
 import os
 import platform
 import subprocess
+import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+from detectron2.engine import HookBase
+from detectron2.utils import comm
 
 __all__ = [
     "SUMMARY_FILE",
@@ -45,7 +50,12 @@ __all__ = [
     "write_summary",
     "load_summary",
     "load_summaries",
+    "write_run_summary",
+    "RunSummaryHook",
 ]
+
+#: Under "aadet", the logger that tools/train_net.py sets up (the message reaches its log.txt).
+logger = logging.getLogger("aadet.run_summary")
 
 #: The file name of a run's summary, in its OUTPUT_DIR and (renamed) under docs/runs/.
 SUMMARY_FILE = "run_summary.json"
@@ -228,3 +238,87 @@ def load_summaries(folder: str) -> List[Dict[str, object]]:
                 s["_file"] = os.path.relpath(full, folder).replace(os.sep, "/")
                 out.append(s)
     return out
+
+
+# ----------------------------------------------------------------------------- a run's summary
+def _aadet_checkout() -> str:
+    """The checkout whose commit a summary records: the one ``aadet`` is imported from (the code
+    that trained)."""
+    import aadet
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(aadet.__file__)))
+
+
+def write_run_summary(
+    cfg, config_file: str, opts, results, *, iterations: int = 0, train_seconds: float = 0.0,
+    start_iter: int = 0, eval_only: bool = False, cpu_seconds: Optional[float] = None,
+) -> str:
+    """Write ``<cfg.OUTPUT_DIR>/run_summary.json`` of a run of ``cfg``, made from ``config_file``
+    and ``opts``, whose last evaluation returned ``results`` (``DefaultTrainer.test``'s dict, or
+    None); returns its path."""
+    from aadet.engine import get_aadet_cfg
+
+    metrics = box_metrics_by_dataset(results, cfg.DATASETS.TEST) if results else {}
+    summary = make_summary(
+        config_file=config_file,
+        opts=opts,
+        cfg_dump=cfg.dump(),
+        diff=config_diff(cfg, get_aadet_cfg()),
+        seed=cfg.SEED,
+        repo=_aadet_checkout(),
+        iterations=iterations,
+        train_seconds=train_seconds,
+        metrics=metrics,
+        eval_only=eval_only,
+    )
+    summary["start_iter"] = start_iter
+    if cpu_seconds is not None:  # CPU time of the training process (all its threads)
+        summary["cpu_seconds"] = round(cpu_seconds, 1)
+    os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
+    path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
+    write_summary(summary, path)
+    logger.info("Run summary: %s", path)
+    return path
+
+
+class RunSummaryHook(HookBase):
+    """A Detectron2 hook: write ``<OUTPUT_DIR>/run_summary.json`` after training
+    (:func:`write_run_summary`). ``tools/train_net.py`` registers it after the trainer's own
+    hooks (``trainer.register_hooks``), so its ``after_train`` reads the final evaluation that
+    the evaluation hooks' ``after_train`` ran.
+
+    ``train_seconds`` is the wall time from the first to the end of the last iteration of this
+    process (a resumed run counts its own part; ``start_iter`` says where it began), without the
+    final evaluation. Metrics are the last evaluation's (``trainer.last_eval_results``), per
+    dataset of ``DATASETS.TEST``; a run without one writes ``"metrics": {}``. Only the main
+    process writes.
+
+    Args:
+        config_file, opts: how the config was made (``tools/train_net.py``'s ``--config-file``
+            and overrides), recorded so that the run can be repeated.
+    """
+
+    def __init__(self, config_file: str, opts):
+        self._config_file = config_file
+        self._opts = list(opts)
+        self._t0 = None
+        self._seconds = None
+
+    def before_train(self):
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+
+    def after_step(self):
+        if self.trainer.iter == self.trainer.max_iter - 1:
+            self._seconds = time.perf_counter() - self._t0
+            self._cpu_seconds = time.process_time() - self._cpu0
+
+    def after_train(self):
+        if not comm.is_main_process() or self._seconds is None:
+            return  # not the writer, or training stopped before its last iteration
+        t = self.trainer
+        write_run_summary(
+            t.cfg, self._config_file, self._opts, getattr(t, "last_eval_results", None),
+            iterations=t.max_iter - t.start_iter, train_seconds=self._seconds,
+            start_iter=t.start_iter, cpu_seconds=self._cpu_seconds,
+        )
