@@ -15,7 +15,9 @@ image/category ids, duplicate ids, missing keys. Info: images without boxes, gra
 ``--write CONFIG`` writes a config that ``_BASE_``s ``--base`` and adds the suggestion,
 ``DATASETS.REGISTER_COCO`` for every pair (named after the json files; paths as given here, so
 train from this working directory or give absolute paths), ``DATASETS.TRAIN`` (first pair),
-``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``. A base whose
+``DATASETS.TEST`` (second pair, else the first) and ``MODEL.RETINANET.NUM_CLASSES``; the norm of
+the backbone and FPN follows the base's batch per worker (rule 5 of ``aadet/data/statistics.py``;
+the written config says which and why). A base whose
 horizontal flip is not the papers' gets ``INPUT.SCALE_JITTER.FLIP_PROB`` back to the papers' value:
 the tree demos (``Base-Trees.yaml``) mirror every training tile because their val image faces the
 other way (shadows, crowns leaning off-nadir), a choice that belongs to the demo's images, not to
@@ -43,8 +45,10 @@ def _pairs(values, parser):
 
 
 def _base_settings(base):
-    """``(strides, octaves, crop_size)`` the suggestion must fit, from the base config, and
-    ``flip``: ``(base's, papers')`` horizontal flip probabilities when they differ, else None."""
+    """``(strides, octaves, crop_size, images_per_worker)`` the suggestion must fit, from the base
+    config (its batch: ``SOLVER.IMS_PER_BATCH`` for ``SOLVER.REFERENCE_WORLD_SIZE`` workers, 0 =
+    one), and ``flip``: ``(base's, papers')`` horizontal flip probabilities when they differ, else
+    None."""
     from aadet.engine import get_aadet_cfg
 
     cfg = get_aadet_cfg()
@@ -55,6 +59,7 @@ def _base_settings(base):
         strides_of(cfg.MODEL.RETINANET.IN_FEATURES),
         len(cfg.MODEL.ANCHOR_GENERATOR.SIZES[0]),
         int(cfg.INPUT.SCALE_JITTER.CROP_SIZE),
+        max(1, cfg.SOLVER.IMS_PER_BATCH // max(1, cfg.SOLVER.REFERENCE_WORLD_SIZE)),
         (base_flip, papers_flip) if base_flip != papers_flip else None,
     )
 
@@ -151,11 +156,12 @@ def main(argv=None) -> int:
     print("\n# Box statistics (pixels, as stored; sqrt(w*h) is the object size)")
     for s in stats:
         print("\n".join(format_statistics(s)))
-    strides, octaves, crop, flip = (8, 16, 32), 3, 640, None
+    strides, octaves, crop, per_worker, flip = (8, 16, 32), 3, 640, None, None
     if args.base:
-        strides, octaves, crop, flip = _base_settings(args.base)
+        strides, octaves, crop, per_worker, flip = _base_settings(args.base)
     try:
-        recipe = suggest_recipe(stats[0], strides=strides, octaves=octaves, max_crop_size=crop)
+        recipe = suggest_recipe(stats[0], strides=strides, octaves=octaves, max_crop_size=crop,
+                                images_per_worker=per_worker)
     except ValueError as e:
         print(f"no suggestion: {e}", file=sys.stderr)
         return 1

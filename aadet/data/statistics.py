@@ -20,26 +20,23 @@ odd boxes do not set the recipe):
    2^(k / octaves)``, with the smallest ``A`` = the small objects at the test scale, never below
    ``MIN_OBJECT_STRIDES`` strides (16 px on P3): the small objects fit the finest anchors, and each
    coarser level doubles. Where the scale cap leaves small objects below 16 px, RetinaNet's
-   low-quality matching still gives each its best anchor; anchors of one stride (8-51 px) instead
-   did not learn at all (AP50 0.0 at two test sizes, 320 px tiles of 3-38 px objects, where 16-101 px
-   anchors reached 88.0).
+   low-quality matching still gives each its best anchor.
 3. **Aspect ratios** (Detectron2's h / w). An anchor of the boxes' median shape and the same area
    matches a box at IoU >= 0.5 only if their h / w differ by at most ``SQUARE_FIT`` = 2.25
    (IoU = 1 / (2 sqrt(r) - 1)). If at most ``MAX_MISFIT_SHARE`` (a quarter) of the boxes are
    beyond that, one ratio, the median (to 0.1); those few still get their best anchor by
    low-quality matching. Otherwise three: the medians of the lower, middle and upper thirds of
-   log(h / w), so that each third has an anchor shape. Three ratios triple the anchors per position;
-   on the synthetic tiles (18% beyond 2.25) one square ratio learned faster: AP50 88.2 vs 82.7
-   (128 px tiles) and 85.4 vs 82.7 (320 px), 96 iterations, one seed each.
+   log(h / w), so that each third has an anchor shape (three ratios triple the anchors per
+   position, so one is preferred where it suffices).
 4. ``TEST.DETECTIONS_PER_IMAGE``: at least 100, at least twice the most boxes in one image.
+5. **Norm** of the backbone and FPN, from the batch, not the data (:func:`suggest_norm`): BN
+   (the papers') from ``BN_MIN_IMAGES_PER_WORKER`` images per worker up, GN below, where BN's batch
+   statistics are too noisy (Wu & He, "Group Normalization", ECCV 2018, Figure 1).
 
-On the demo's tree crowns the rule gives back the hand-tuned demo anchors (16-102 px, square). On
-640 px fields of 150-200 synthetic cells and rods (:mod:`aadet.data.synthetic`, 3-38 px), which the
-demo config's resize shrinks to 0.5-0.75x, the demo conv config reaches AP50 8.8 with its own
-recipe and 57.3 with the suggested one (96 iterations, data seed 0;
-``tests/data/test_dataset_stats.py::test_suggested_recipe_learns_better`` runs 48: 5.3 and 35.0). On
-128 px tiles of the same objects, which the demo's resize already enlarges 2.5-3.75x, the two are
-close (94.7 demo, 91.4 suggested, one seed each).
+On the demo's tree crowns the rule gives back the hand-tuned demo anchors (16-102 px, square)
+(``tests/data/test_dataset_stats.py``). On fields of small synthetic cells and rods
+(:mod:`aadet.data.synthetic`), which the demo config's resize shrinks, the suggested recipe learns
+where the demo's does not (``test_suggested_recipe_learns_better``, in ``make test-learning``).
 """
 
 import json
@@ -57,6 +54,7 @@ __all__ = [
     "load_coco_boxes",
     "misfit_share",
     "suggest_recipe",
+    "suggest_norm",
     "format_statistics",
     "strides_of",
     "to_yaml_lines",
@@ -71,6 +69,8 @@ JITTER = (0.8, 1.2)  # training long side range, relative to the test size (pape
 SQUARE_FIT = 2.25  # h / w more than this off an anchor's: IoU < 0.5 at equal area (1 / (2 sqrt(r) - 1))
 MAX_MISFIT_SHARE = 0.25  # more boxes than this beyond SQUARE_FIT of the median shape: three ratios
 MIN_DETECTIONS = 100  # Detectron2's default TEST.DETECTIONS_PER_IMAGE
+#: Images per worker from which BN is suggested; GN below (rule 5, :func:`suggest_norm`).
+BN_MIN_IMAGES_PER_WORKER = 8
 
 
 @dataclass
@@ -188,11 +188,14 @@ class Recipe:
     detections_per_image: int
     max_input_size: int  # MODEL.AA.MAX_INPUT_SIZE covering training crops and test images
     notes: List[str] = field(default_factory=list)
+    norm: Optional[str] = None  # backbone and FPN norm (rule 5); None: not suggested
 
     def config_dict(self) -> dict:
         """Nested ``{section: {key: value}}`` of the suggested config keys."""
+        norm = {} if self.norm is None else {"RESNETS": {"NORM": self.norm}, "FPN": {"NORM": self.norm}}
         return {
             "MODEL": {
+                **norm,
                 "ANCHOR_GENERATOR": {
                     "SIZES": self.anchor_sizes,
                     "ASPECT_RATIOS": [self.aspect_ratios],
@@ -255,6 +258,23 @@ def suggest_aspect_ratios(aspect: np.ndarray) -> List[float]:
     return [round(float(math.exp(np.quantile(log_r, q))), 2) for q in (1 / 6, 1 / 2, 5 / 6)]
 
 
+def suggest_norm(images_per_worker: int) -> Tuple[str, str]:
+    """Rule 5: the norm of the backbone and FPN for ``images_per_worker`` training images per
+    process, and why (one line, for the written config and the report).
+
+    Raises:
+        ValueError: ``images_per_worker`` is not a positive integer.
+    """
+    if not isinstance(images_per_worker, int) or images_per_worker < 1:
+        raise ValueError(f"images_per_worker must be an integer >= 1; got {images_per_worker!r}")
+    if images_per_worker >= BN_MIN_IMAGES_PER_WORKER:
+        return "BN", (f"BN (the papers' norm): {images_per_worker} images per worker, at least the "
+                      f"{BN_MIN_IMAGES_PER_WORKER} its batch statistics need")
+    return "GN", (f"GN: {images_per_worker} images per worker, fewer than the {BN_MIN_IMAGES_PER_WORKER} "
+                  "BN's batch statistics need (Wu & He, Group Normalization); BN from "
+                  f"{BN_MIN_IMAGES_PER_WORKER} up")
+
+
 def suggest_recipe(
     stats: BoxStatistics,
     strides: Sequence[int] = (8, 16, 32),
@@ -262,6 +282,7 @@ def suggest_recipe(
     max_scale: float = 4.0,
     max_size: int = 1024,
     max_crop_size: int = 640,
+    images_per_worker: Optional[int] = None,
 ) -> Recipe:
     """The recipe of the module docstring for the boxes in ``stats`` (the training split).
 
@@ -273,6 +294,8 @@ def suggest_recipe(
         max_size: the largest test long side.
         max_crop_size: the largest training crop (the base config's ``CROP_SIZE`` bounds the cost
             of an iteration).
+        images_per_worker: training images per process (the base config's batch); given, the
+            recipe suggests the norm (rule 5) and says why in its notes.
 
     Raises:
         ValueError: no boxes, or strides that do not double per level.
@@ -327,6 +350,10 @@ def suggest_recipe(
     most = int(stats.boxes_per_image.max()) if len(stats.boxes_per_image) else 0
     detections = max(MIN_DETECTIONS, 2 * most)
     max_input = int(math.ceil(max(test_size, crop_size, long_side_range[1]) / 128.0) * 128)
+    norm = None
+    if images_per_worker is not None:
+        norm, why = suggest_norm(images_per_worker)
+        notes.append(f"norm {why}")
     return Recipe(
         scale=scale,
         test_size=test_size,
@@ -337,6 +364,7 @@ def suggest_recipe(
         detections_per_image=detections,
         max_input_size=max_input,
         notes=notes,
+        norm=norm,
     )
 
 

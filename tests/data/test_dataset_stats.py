@@ -11,12 +11,14 @@ import yaml
 
 import aadet  # noqa: F401
 from aadet.data.statistics import (
+    BN_MIN_IMAGES_PER_WORKER,
     BoxStatistics,
     box_statistics,
     load_coco_boxes,
     strides_of,
     misfit_share,
     suggest_aspect_ratios,
+    suggest_norm,
     suggest_recipe,
 )
 from aadet.data.synthetic import make_coco_tiles
@@ -207,7 +209,10 @@ def test_check_dataset_prints_and_writes_a_config_that_loads(tiles, tmp_path, ca
     assert cfg.DATASETS.TRAIN == ("cells_train",) and cfg.DATASETS.TEST == ("cells_val",)
     assert cfg.MODEL.RETINANET.NUM_CLASSES == 1
     assert len(DatasetCatalog.get("cells_val")) == 4
-    assert cfg.MODEL.RESNETS.NORM == "BN"  # the rest comes from the base
+    # the demo's batch of 4 per worker: GN in the backbone and FPN, and the written config says why
+    assert cfg.MODEL.RESNETS.NORM == cfg.MODEL.FPN.NORM == "GN"
+    assert "norm GN: 4 images per worker" in out.read_text()
+    assert cfg.MODEL.RETINANET.NORM == load_config(DEMO).MODEL.RETINANET.NORM  # the rest from the base
     # the demos mirror every tile for their own val image; the written config flips like the papers
     assert load_config(DEMO).INPUT.SCALE_JITTER.FLIP_PROB == 1.0
     assert cfg.INPUT.SCALE_JITTER.FLIP_PROB == 0.5
@@ -220,6 +225,26 @@ def test_check_dataset_prints_and_writes_a_config_that_loads(tiles, tmp_path, ca
                                str(papers_flip), "--write", str(out2)]) == 0
     assert "FLIP_PROB" not in out2.read_text()
     assert load_config(str(out2)).INPUT.SCALE_JITTER.FLIP_PROB == 0.5
+    # a base with 16 images per worker: BN
+    big_batch = tmp_path / "big_batch.yaml"
+    big_batch.write_text(f'_BASE_: "{DEMO}"\nSOLVER:\n  IMS_PER_BATCH: 16\n')
+    out3 = tmp_path / "cfg" / "cells_big_batch.yaml"
+    assert check_dataset.main([*paths["cells_train"], *paths["cells_val"], "--base",
+                               str(big_batch), "--write", str(out3)]) == 0
+    assert load_config(str(out3)).MODEL.RESNETS.NORM == load_config(str(out3)).MODEL.FPN.NORM == "BN"
+
+
+def test_norm_follows_the_images_per_worker():
+    assert suggest_norm(BN_MIN_IMAGES_PER_WORKER)[0] == "BN"
+    assert suggest_norm(BN_MIN_IMAGES_PER_WORKER - 1)[0] == "GN"
+    assert suggest_norm(1)[0] == "GN" and suggest_norm(64)[0] == "BN"
+    assert "fewer than" in suggest_norm(4)[1]
+    with pytest.raises(ValueError, match="images_per_worker must be an integer >= 1; got 0"):
+        suggest_norm(0)
+    stats = _stats([[5, 5]] * 10)
+    assert suggest_recipe(stats).norm is None  # no batch given, no norm suggested
+    assert "NORM" not in "\n".join(suggest_recipe(stats).yaml_lines())
+    assert suggest_recipe(stats, images_per_worker=2).config_dict()["MODEL"]["FPN"] == {"NORM": "GN"}
 
 
 def test_check_dataset_errors_stop_before_writing(tmp_path, capsys):

@@ -3,7 +3,8 @@ tests (``tests/engine/test_training.py``) fail when attention is wrong:
 
   python tests/helpers/broken_attention.py MUTATION --config-file CFG [train_net args and KEY VALUE ...]
 
-MUTATION (applied to every SASA local attention and AA global attention call):
+MUTATION (applied to every SASA local attention and AA global attention call, and to the
+attention of SASA's spatially-aware stem):
 
 * ``relative_zero``: the relative position embeddings multiplied by 0 (content-only logits);
 * ``off_by_one``: keys and values shifted by one row (every window/grid one pixel off, the
@@ -16,6 +17,8 @@ docs/testing.md lists what each broken run reached.
 import os
 import runpy
 import sys
+
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
 MUTATIONS = ("relative_zero", "off_by_one", "uniform")
@@ -31,8 +34,44 @@ def _mutate(mutation, q, k, v, rel_h, rel_w):
     return q, k, v, rel_h, rel_w
 
 
+def _broken_stem(mutation: str, patch) -> None:
+    """The spatially-aware attention stem with ``mutation``: both of its routes (factorized and
+    projected, the same function) replaced by the projected one computed with the mutation.
+
+    ``off_by_one`` takes the keys and values from the input one row down (the queries from the
+    input itself), as the SASA mutation rolls the projected keys and values."""
+    import aadet.layers.attention_stem as stem_module
+
+    stem_cls = stem_module.SpatiallyAwareAttentionStem
+    forward = stem_cls.forward
+
+    def broken_forward(self, x):
+        self._broken_kv_input = x.roll(1, dims=2) if mutation == "off_by_one" else x
+        try:
+            return forward(self, x)
+        finally:
+            del self._broken_kv_input
+
+    def broken_attend(self, xb, mask):
+        n, p, _ = xb.shape
+        xkv = stem_module.map_to_blocks(self._broken_kv_input.to(xb.dtype), self.block_size)
+        wq, wk, w_v = self._head_weights(xb.dtype)
+        q, _ = self._project_qk(xb, wq, wk)
+        _, k = self._project_qk(xkv, wq, wk)
+        v = self._block_heads(torch.einsum("npi,poi->npo", xkv, w_v))
+        q, k, v, rel_h, rel_w = _mutate(mutation if mutation != "off_by_one" else None,
+                                        q, k, v, self.rel_h, self.rel_w)
+        out = stem_module.block_attention_unchecked(q, k, v, rel_h, rel_w, self.block_size, mask)
+        return out.transpose(1, 2).reshape(n, p, self.out_channels)
+
+    patch(stem_cls, "forward", broken_forward)
+    patch(stem_cls, "_attend_factorized", broken_attend)
+    patch(stem_cls, "_attend_projected", broken_attend)
+
+
 def break_attention(mutation: str, patch=setattr):
-    """Patch the functional attention entry points the layers' forwards call (module attributes).
+    """Patch the functional attention entry points the layers call (module attributes), and the
+    attention stem's two routes (:func:`_broken_stem`).
 
     ``patch(module, name, value)``: ``setattr`` (for a whole process, as ``__main__`` does) or
     pytest's ``monkeypatch.setattr`` (undone after the test, ``tests/layers/test_attention_learning.py``).
@@ -52,12 +91,13 @@ def break_attention(mutation: str, patch=setattr):
 
     patch(sasa, "local_self_attention_2d_unchecked", broken_local)
     patch(aa, "relative_self_attention_2d_unchecked", broken_relative)
+    _broken_stem(mutation, patch)
 
 
 def mark_summary(argv, mutation: str) -> None:
     """Record ``mutation`` as ``"broken_attention"`` in the run's summary (``OUTPUT_DIR`` of the
     command line), so that a broken run can never pass for a correct one in docs/runs."""
-    from aadet.utils.run_summary import SUMMARY_FILE, load_summary, write_summary
+    from aadet_tools.run_summary import SUMMARY_FILE, load_summary, write_summary
 
     if "OUTPUT_DIR" not in argv:
         return
@@ -70,8 +110,7 @@ def mark_summary(argv, mutation: str) -> None:
 
 if __name__ == "__main__":
     mutation = sys.argv.pop(1)
-    break_attention(mutation)
-    sys.path.insert(0, os.path.join(REPO, "tools"))
+    break_attention(mutation)  # aadet_tools: on PYTHONPATH (learning_runs.environment())
     sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")

@@ -94,6 +94,17 @@ def test_values_are_position_dependent_mixtures():
             torch.testing.assert_close(v[:, :, y, xx], x[:, :, y, xx] @ w_eff.t(), rtol=0, atol=1e-12)
 
 
+def reference_stem(stem: SpatiallyAwareAttentionStem, x: torch.Tensor) -> torch.Tensor:
+    """The stem (without norm) written out with the float64 brute force of block attention, then
+    ReLU and a max over the in-map part of each ``b x b`` block."""
+    c, nh, b = stem.out_channels, stem.num_heads, stem.block_size
+    q = split_heads(stem.query(x), nh) * (c // nh) ** -0.5
+    k = split_heads(stem.key(x), nh)
+    v = split_heads(stem._values(x), nh)
+    att = F.relu(merge_heads(brute_block_attention(q, k, v, stem.rel_h, stem.rel_w, b)))
+    return F.max_pool2d(att, kernel_size=b, stride=b, ceil_mode=True)
+
+
 @pytest.mark.parametrize("out_channels,num_heads", [(8, 2), (32, 1), (32, 2)])
 def test_stem_forward_matches_brute_force(out_channels, num_heads):
     # (8, 2) takes the projected route, (32, 1) and (32, 2) the factorized one.
@@ -107,6 +118,7 @@ def test_stem_forward_matches_brute_force(out_channels, num_heads):
         v = split_heads(stem._values(x), nh)
         att = F.relu(merge_heads(brute_block_attention(q, k, v, stem.rel_h, stem.rel_w, 4)))
         out = stem(x)
+        torch.testing.assert_close(out, reference_stem(stem, x), rtol=0, atol=1e-12)
     assert out.shape == (1, c, 3, 2)
     for by, bx in itertools.product(range(3), range(2)):  # max over the in-map part of each block
         ref = att[:, :, 4 * by: 4 * by + 4, 4 * bx: 4 * bx + 4].amax((-1, -2))

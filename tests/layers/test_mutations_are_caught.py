@@ -1,0 +1,58 @@
+"""The exactness tests catch every broken-attention mutation, in every attention module.
+
+``tests/helpers/broken_attention.py`` breaks the attention of a whole model (the mutations behind
+the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
+that computes attention -- the SASA layer, the AA layer and SASA's spatially-aware stem (both of
+its routes) -- and the module's output is compared with its float64 brute-force composition, the
+comparison the exactness tests make: correct, they agree to rounding; broken, by far more. So the
+harness reaches every module, and each mutation is a bug the exactness tests would catch.
+"""
+import pytest
+import torch
+
+from aadet.layers import AugmentedConv2d, LocalSelfAttention2d
+from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
+
+from tests.helpers.broken_attention import MUTATIONS, break_attention
+from tests.layers.test_attention_stem import reference_stem
+from tests.layers.test_augmented_conv import reference_forward as reference_aa
+from tests.layers.test_local_attention import _manual_layer as reference_sasa
+
+D = torch.float64
+#: module kind -> (float64 module, its brute-force composition); the stem in both of its routes.
+MODULES = {
+    "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3), reference_sasa),
+    "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
+    "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm=""), reference_stem),
+    "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm=""), reference_stem),
+}
+CORRECT_ATOL = 1e-10  # what the exactness tests allow (they use 1e-10 to 1e-12)
+BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
+
+
+def _max_error(kind):
+    make, reference = MODULES[kind]
+    torch.manual_seed(0)
+    module = make().double()
+    x = torch.randn(2, module.in_channels, 9, 7, dtype=D)
+    with torch.no_grad():
+        return (module(x) - reference(module, x)).abs().max().item()
+
+
+def test_stem_routes_are_both_exercised():
+    assert SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="").factorized
+    assert not SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm="").factorized
+
+
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_correct_module_matches_its_reference(kind):
+    assert _max_error(kind) <= CORRECT_ATOL
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_broken_module_fails_its_reference(kind, mutation, monkeypatch):
+    break_attention(mutation, patch=monkeypatch.setattr)
+    err = _max_error(kind)
+    print(f"{kind} {mutation}: max error {err:.3g}")
+    assert err > BROKEN_MIN, err
