@@ -22,7 +22,7 @@ from typing import Any, Dict, Sequence
 
 import fvcore.nn.weight_init as weight_init
 from detectron2.config import configurable
-from detectron2.layers import ShapeSpec, get_norm
+from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
@@ -130,7 +130,7 @@ def _build_stem(cfg, input_shape: ShapeSpec):
         num_mixtures=sa.STEM_MIXTURES,
         # The stem has relative logits or none; "sine2d" (a trunk ablation) keeps them relative.
         positional_encoding="none" if sa.POSITIONAL_ENCODING == "none" else "relative",
-        norm=(lambda c: get_norm(norm, c)) if norm else "",
+        norm=norm,  # a name of Detectron2's get_norm, or "" (none)
     )
 
 
