@@ -25,6 +25,7 @@ Papers:
 """
 import difflib
 import inspect
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional
 
 from detectron2.config import CfgNode as CN
@@ -103,11 +104,12 @@ def config_error(key: str, allowed: str, given) -> ConfigValueError:
 
 
 def config_keys(cfg, prefix: str = "") -> List[str]:
-    """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...)."""
+    """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...).
+    ``cfg``: a YACS ``CfgNode``, or any nested mapping (a LazyConfig as plain containers)."""
     keys = []
     for name, value in cfg.items():
-        keys.append(prefix + name)
-        if isinstance(value, CN):
+        keys.append(prefix + str(name))
+        if isinstance(value, Mapping):
             keys += config_keys(value, f"{prefix}{name}.")
     return keys
 
