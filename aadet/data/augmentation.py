@@ -16,7 +16,12 @@ to 640 so the longer side is 640.
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 
-__all__ = ["build_scale_jitter_augmentation", "build_photometric_augmentation", "recipe_augmentation", "build_augmentation"]
+__all__ = [
+    "build_scale_jitter_augmentation",
+    "build_photometric_augmentation",
+    "recipe_augmentation",
+    "build_augmentation",
+]
 
 
 def build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_value=128.0):
