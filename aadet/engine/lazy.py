@@ -55,6 +55,8 @@ from .schedule import epoch_schedule
 
 __all__ = [
     "LazyBuildError",
+    "plain_containers",
+    "call_target",
     "load_lazy_config",
     "apply_overrides",
     "build",
@@ -74,19 +76,20 @@ class LazyBuildError(ConfigValueError):
 
 
 # ============================================================================ loading
-def _plain(cfg):
+def plain_containers(cfg):
     """``cfg`` as plain containers, interpolations unresolved (for walking its keys)."""
     return OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
 
 
-def _target(node):
+def call_target(node):
+    """The callable of a call node (``_target_``, located if a name), else None."""
     target = node.get("_target_") if isinstance(node, Mapping) else None
     return locate(target) if isinstance(target, str) else target
 
 
 def _takes_argument(node, name: str) -> bool:
     """Whether ``node`` is a call (``_target_``) whose callable takes ``name`` by name."""
-    target = _target(node)
+    target = call_target(node)
     if target is None:
         return False
     try:
@@ -117,7 +120,7 @@ def apply_overrides(cfg, overrides: Sequence[str]):
     """
     for override in overrides:
         key = override.split("=", 1)[0].strip().lstrip("+~")
-        tree = _plain(cfg)
+        tree = plain_containers(cfg)
         if not _key_exists(tree, key):
             raise UnknownConfigKeyError(key, None, similar_config_keys(tree, key))
         LazyConfig.apply_overrides(cfg, [override])
@@ -135,7 +138,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()):
     if train is not None and str(train.get("device", "cpu")).startswith("cuda") and not torch.cuda.is_available():
         logger.warning("train.device=%s but CUDA is not available: using cpu", train.device)
         train.device = "cpu"
-    entries = _plain(cfg.get("dataloader", {}).get("register_coco", []))
+    entries = plain_containers(cfg.get("dataloader", {}).get("register_coco", []))
     if isinstance(entries, list):  # ListConfig entries are plain lists now
         entries = [list(e) if isinstance(e, (list, tuple)) else e for e in entries]
     register_coco_entries(entries, "dataloader.register_coco")
@@ -150,7 +153,7 @@ def _argument_keys(node, key: str, message: str) -> List[str]:
     if not words:
         return []
     name = words[0].strip("'\":,")
-    tree = _plain(node)
+    tree = plain_containers(node)
     keys = config_keys(tree, key + ".") if isinstance(tree, Mapping) else []
     found = [k for k in keys if k.rsplit(".", 1)[-1] == name]
     return found or ([f"{key}.{name}"] if _takes_argument(tree, name) else [])
@@ -173,7 +176,7 @@ def build(node, key: str = ""):
     if not (isinstance(node, Mapping) and "_target_" in node):
         return node
     kwargs = {k: build(v, f"{key}.{k}" if key else k) for k, v in node.items() if k != "_target_"}
-    target = _target(node)
+    target = call_target(node)
     name = getattr(target, "__qualname__", str(target))
     try:
         return target(**kwargs)
@@ -258,8 +261,10 @@ def lazy_test(cfg, model):
 # ============================================================================ training
 def build_lazy_model_ema(cfg, model):
     """``ModelEMA(model, train.model_ema.decay)`` when ``train.model_ema.enabled``, else None."""
-    ema = cfg.train.get("model_ema", {"enabled": False, "decay": 0.5})
-    check_in(ema.get("decay"), DECAY_RANGE, "train.model_ema.decay", config_error)
+    ema = cfg.train.get("model_ema")
+    if ema is None:  # a LazyConfig of Detectron2's own train.py: no EMA
+        return None
+    check_in(ema.decay, DECAY_RANGE, "train.model_ema.decay", config_error)
     return ModelEMA(model, ema.decay) if ema.enabled else None
 
 

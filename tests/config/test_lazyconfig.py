@@ -259,3 +259,51 @@ def test_own_data_is_registered_from_the_config(tmp_path):
     assert "lazy_own_data" in DatasetCatalog.list()
     with pytest.raises(ConfigValueError, match=r"dataloader\.register_coco\[0\]"):
         load_lazy_config(_twin(CONV_DEMO), ["dataloader.register_coco=[[only_a_name]]"])
+
+
+# ----------------------------------------------------------------------------- the tools
+@pytest.mark.parametrize("config", YAMLS)
+def test_tools_read_the_same_settings_from_either(config):
+    """What the predictor, export and visualization tools read (``load_any_config``)."""
+    from aadet.engine.tool_config import inference_settings, load_any_config
+
+    ours = inference_settings(load_any_config(os.path.join(REPO, config), ["MODEL.DEVICE", "cpu"]))
+    twin = inference_settings(load_any_config(_twin(config), ["train.device=cpu"]))
+    skip = {"attention_routes"}
+    assert {k: v for k, v in vars(ours).items() if k not in skip} == {
+        k: v for k, v in vars(twin).items() if k not in skip
+    }
+    by_kind = {kind: route for kind, route in ours.attention_routes.values()}
+    attention = any(w in os.path.basename(config).lower() for w in ("aa_", "sasa"))
+    assert bool(twin.attention_routes) == attention, "the attention models' routes are checked"
+    for key, (kind, route) in twin.attention_routes.items():
+        assert route == by_kind[kind], key
+
+
+def test_export_check_names_the_lazy_key():
+    from aadet.export.tracing import check_exportable
+
+    aa = load_lazy_config(
+        _twin("configs/Demo/trees_AA_R_26_slim_FPN.yaml"), ["model.backbone.bottom_up.attention.impl=cpp"]
+    )
+    with pytest.raises(ConfigValueError, match=r"model\.backbone\.bottom_up\.attention\.impl"):
+        check_exportable(aa, "onnx")
+    full = load_lazy_config(_twin("configs/Demo/trees_SASA_full_attention_R_26_slim.yaml"),
+                            ["model.backbone.bottom_up.attention.impl=cpp"])
+    with pytest.raises(ConfigValueError, match=r"model\.(backbone|head)\..*impl"):
+        check_exportable(full, "onnx")  # the FPN's and head's routes follow the backbone's
+
+
+def test_predictor_gives_the_same_detections_from_either(tmp_path):
+    import numpy as np
+
+    from aadet.engine import Predictor
+
+    cfg, lazy = _pair(CONV_DEMO, ["MODEL.RETINANET.SCORE_THRESH_TEST", "0.0"], ["model.test_score_thresh=0.0"])
+    torch.manual_seed(0)
+    AADetCheckpointer(build_model(cfg), str(tmp_path)).save("w")
+    image = np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    a = Predictor(cfg, str(tmp_path / "w.pth"))(image)["instances"]
+    b = Predictor(lazy, str(tmp_path / "w.pth"))(image)["instances"]
+    assert len(a) > 0
+    assert torch.equal(a.pred_boxes.tensor, b.pred_boxes.tensor) and torch.equal(a.scores, b.scores)
