@@ -307,3 +307,31 @@ def test_predictor_gives_the_same_detections_from_either(tmp_path):
     b = Predictor(lazy, str(tmp_path / "w.pth"))(image)["instances"]
     assert len(a) > 0
     assert torch.equal(a.pred_boxes.tensor, b.pred_boxes.tensor) and torch.equal(a.scores, b.scores)
+
+
+@pytest.mark.slow
+def test_a_short_run_matches_train_net(tmp_path, data_env):
+    """tools/lazyconfig_train_net.py and tools/train_net.py, three iterations of the conv demo
+    from the same seed, each in its own process as a user runs them: bit-identical weights (what
+    the same val AP relies on). (In one process the first training differs from later ones, for
+    either trainer: a process-wide first-use effect, not the config.)"""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tools")]), OMP_NUM_THREADS="1")
+    runs = {
+        "yaml": ["tools/train_net.py", "--config-file", CONV_DEMO, "--num-gpus", "0", "SOLVER.EPOCHS", "0",
+                 "SOLVER.STEPS_EPOCHS", "()", "SOLVER.STEPS", "()", "SOLVER.MAX_ITER", "3", "DATASETS.TEST", "()",
+                 "OUTPUT_DIR", str(tmp_path / "yaml")],
+        "lazy": ["tools/lazyconfig_train_net.py", "--config-file", _twin(CONV_DEMO), "--num-gpus", "0",
+                 "train.epochs=0", "train.steps=[]", "train.max_iter=3", "dataloader.test.dataset.names=[]",
+                 f"train.output_dir={tmp_path / 'lazy'}"],
+    }
+    weights = {}
+    for name, argv in runs.items():
+        done = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        weights[name] = torch.load(tmp_path / name / "model_final.pth", weights_only=False)["model"]
+    a, b = weights["yaml"], weights["lazy"]
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
