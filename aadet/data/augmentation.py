@@ -16,6 +16,9 @@ to 640 so the longer side is 640.
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 
+from ..config import check_recipe_values
+from ..layers.functional.checks import argument_error
+
 __all__ = [
     "build_scale_jitter_augmentation",
     "build_photometric_augmentation",
@@ -51,6 +54,8 @@ def recipe_augmentation(
     :func:`build_scale_jitter_augmentation`, then photometric jitter when ``brightness`` and
     ``contrast`` ranges are given (None: off). ``build_augmentation(cfg, True)`` with
     ``INPUT.SCALE_JITTER.ENABLED`` is this function of the config's values."""
+    check_recipe_values(long_side_range, crop_size, flip_prob, brightness, contrast,
+                        name=lambda arg: arg, error=argument_error)
     augs = build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_value)
     if (brightness is None) != (contrast is None):
         raise ValueError("recipe_augmentation: give both brightness and contrast ranges, or neither")

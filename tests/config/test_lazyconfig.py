@@ -335,3 +335,19 @@ def test_a_short_run_matches_train_net(tmp_path, data_env):
     a, b = weights["yaml"], weights["lazy"]
     assert list(a) == list(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.backbone.bottom_up.aa_stages=[res3,res9]", "model.backbone.bottom_up.aa_stages"),
+    ("model.backbone.bottom_up.max_input_size=0", "model.backbone.bottom_up.max_input_size"),
+])
+def test_aa_builder_checks_its_plain_arguments(override, key):
+    cfg = load_lazy_config(_twin("configs/Demo/trees_AA_R_26_slim_FPN.yaml"), [override])
+    with pytest.raises(LazyBuildError, match=key.replace(".", r"\.")):
+        build(cfg.model, "model")
+
+
+def test_recipe_checks_its_plain_arguments():
+    cfg = load_lazy_config(_twin(CONV_DEMO), ["dataloader.train.mapper.augmentations.flip_prob=1.5"])
+    with pytest.raises(LazyBuildError, match=r"dataloader\.train\.mapper\.augmentations\.flip_prob"):
+        build(cfg.dataloader.train.mapper, "dataloader.train.mapper")

@@ -30,12 +30,13 @@ from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
 from ...config import config_error, layer_defaults
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
 from ...layers.local_attention import LocalSelfAttention2d
-from ...layers.functional.checks import check_num_heads, check_one_of
+from ...layers.functional.checks import argument_error, check_num_heads, check_one_of, check_subset
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import (
     BASIC_DEPTHS,
     RESNET_BLOCKS_PER_STAGE,
+    STAGE_NAMES,
     ResNetStage,
     basic_stem,
     build_resnet,
@@ -192,6 +193,8 @@ def build_sasa_resnet_backbone(
         ConfigValueError: naming the key, for settings an attention stage cannot take.
     """
     attention_stages = tuple(attention_stages)
+    # the plain-argument path's check (from the config, _sasa_resnet_from_config named the key)
+    check_subset(attention_stages, STAGE_NAMES, "attention_stages", argument_error)
 
     def block_for_stage(stage: ResNetStage):
         if stage.name not in attention_stages:
