@@ -26,7 +26,7 @@ demo: data
 
 # Linter (ruff, from the dev extra; settings in pyproject.toml). CI (.ci/run) runs it before the tests.
 lint: setup
-	$(PY) -m ruff check aadet tools tests
+	$(PY) -m ruff check aadet tools tests configs
 
 # Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
 # when a change touches attention, training or the recipe. CI (.ci/run) runs lint, test, then test-learning.

@@ -25,6 +25,7 @@ Papers:
 """
 import difflib
 import inspect
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional
 
 from detectron2.config import CfgNode as CN
@@ -58,6 +59,7 @@ __all__ = [
     "check_aa_config",
     "check_sasa_config",
     "check_compile_config",
+    "check_recipe_values",
 ]
 
 # Norm names understood by detectron2.layers.get_norm (plus "" for none).
@@ -103,11 +105,12 @@ def config_error(key: str, allowed: str, given) -> ConfigValueError:
 
 
 def config_keys(cfg, prefix: str = "") -> List[str]:
-    """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...)."""
+    """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...).
+    ``cfg``: a YACS ``CfgNode``, or any nested mapping (a LazyConfig as plain containers)."""
     keys = []
     for name, value in cfg.items():
-        keys.append(prefix + name)
-        if isinstance(value, CN):
+        keys.append(prefix + str(name))
+        if isinstance(value, Mapping):
             keys += config_keys(value, f"{prefix}{name}.")
     return keys
 
@@ -377,10 +380,23 @@ def validate_aadet_config(cfg):
     return cfg
 
 
-def _check_range_pair(key: str, value):
+def _check_range_pair(key: str, value, error=config_error):
     lo_hi = tuple(value)
     if len(lo_hi) != 2 or not (0 < lo_hi[0] <= lo_hi[1]):
-        raise config_error(key, "(min, max) with 0 < min <= max", lo_hi)
+        raise error(key, "(min, max) with 0 < min <= max", lo_hi)
+
+
+def check_recipe_values(long_side_range, crop_size, flip_prob, brightness=None, contrast=None,
+                        name=lambda arg: f"INPUT.SCALE_JITTER.{arg.upper()}", error=config_error):
+    """The recipe's augmentation values (``INPUT.SCALE_JITTER.*``, ``INPUT.PHOTOMETRIC.*``), each
+    named by ``name(argument)`` in the error: the config keys here, the arguments of
+    :func:`aadet.data.augmentation.recipe_augmentation` when it checks its own."""
+    _check_range_pair(name("long_side_range"), long_side_range, error)
+    check_in(crop_size, _POSITIVE, name("crop_size"), error)
+    check_in(flip_prob, _UNIT, name("flip_prob"), error)
+    for arg, value in (("brightness", brightness), ("contrast", contrast)):
+        if value is not None:
+            _check_range_pair(name(arg), value, error)
 
 
 def check_norm_config(cfg):
@@ -395,12 +411,12 @@ def check_norm_config(cfg):
 
 def check_input_config(cfg):
     """``INPUT.SCALE_JITTER.*`` and ``INPUT.PHOTOMETRIC.*``."""
-    sj = cfg.INPUT.SCALE_JITTER
-    _check_range_pair("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", sj.LONG_SIDE_RANGE)
-    check_in(sj.CROP_SIZE, _POSITIVE, "INPUT.SCALE_JITTER.CROP_SIZE", config_error)
-    check_in(sj.FLIP_PROB, _UNIT, "INPUT.SCALE_JITTER.FLIP_PROB", config_error)
-    for key in ("BRIGHTNESS", "CONTRAST"):
-        _check_range_pair(f"INPUT.PHOTOMETRIC.{key}", cfg.INPUT.PHOTOMETRIC[key])
+    sj, ph = cfg.INPUT.SCALE_JITTER, cfg.INPUT.PHOTOMETRIC
+    photometric = ("brightness", "contrast")
+    check_recipe_values(
+        sj.LONG_SIDE_RANGE, sj.CROP_SIZE, sj.FLIP_PROB, ph.BRIGHTNESS, ph.CONTRAST,
+        name=lambda arg: f"INPUT.{'PHOTOMETRIC' if arg in photometric else 'SCALE_JITTER'}.{arg.upper()}",
+    )
 
 
 def check_solver_config(cfg):

@@ -30,7 +30,8 @@ from PIL import Image
 from tqdm import tqdm
 
 import aadet  # noqa: F401
-from aadet.engine import Predictor, load_config
+from aadet.engine import Predictor
+from aadet.engine.tool_config import inference_settings, is_lazy_config, load_any_config
 from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb
 from aadet.utils.visualizer import draw_instances
 
@@ -53,7 +54,7 @@ def draw(rgb: np.ndarray, instances, metadata, threshold: float, factor=None) ->
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config-file", required=True, metavar="FILE")
+    ap.add_argument("--config-file", required=True, metavar="FILE", help="a YAML config or a LazyConfig .py")
     ap.add_argument("--weights", default=None, help="checkpoint (default: MODEL.WEIGHTS)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", nargs="+", help="image files, folders and/or glob patterns")
@@ -63,7 +64,7 @@ def parse_args(argv=None):
     ap.add_argument("--confidence-threshold", type=float, default=0.5,
                     help="minimum score kept, in [0, 1] (default 0.5)")
     ap.add_argument("--opts", nargs=argparse.REMAINDER, default=[],
-                    help="config overrides KEY VALUE ... (last on the line)")
+                    help="config overrides KEY VALUE ... (a LazyConfig .py: key=value ...; last on the line)")
     args = ap.parse_args(argv)
     if not 0.0 <= args.confidence_threshold <= 1.0:
         ap.error(f"--confidence-threshold must be in [0, 1]; got {args.confidence_threshold}")
@@ -71,8 +72,12 @@ def parse_args(argv=None):
 
 
 def setup_cfg(args):
-    opts = list(args.opts) + ["MODEL.RETINANET.SCORE_THRESH_TEST", args.confidence_threshold]
-    return load_config(args.config_file, opts)
+    """The config (YAML, or a LazyConfig ``.py``), its score threshold the confidence threshold."""
+    thresh = (
+        [f"model.test_score_thresh={args.confidence_threshold}"] if is_lazy_config(args.config_file)
+        else ["MODEL.RETINANET.SCORE_THRESH_TEST", args.confidence_threshold]
+    )
+    return load_any_config(args.config_file, list(args.opts) + thresh)
 
 
 # ----------------------------------------------------------------------------- inputs / outputs
@@ -140,7 +145,8 @@ class CocoIds:
     """
 
     def __init__(self, cfg):
-        self.name = cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else None
+        test = inference_settings(cfg).test_datasets
+        self.name = test[0] if test else None
         self.metadata = MetadataCatalog.get(self.name or "__aadet_demo_unused")
         self.image_ids, self._to_dataset = {}, None
         json_file = self.metadata.get("json_file") if self.name else None
@@ -184,13 +190,13 @@ def run_images(args, cfg, predictor, ids):
     in_dataset = all(f in ids.image_ids for f in absfiles)
     results, written = [], []
     for i, (f, out) in enumerate(tqdm(list(zip(files, outputs)), desc="images", disable=len(files) < 2)):
-        image = read_image(f, cfg.INPUT.FORMAT)
+        image = read_image(f, predictor.input_format)
         instances = detect(predictor, image, args.confidence_threshold)
         image_id = ids.image_ids[absfiles[i]] if in_dataset else i
         results += coco_results(instances, image_id, f, ids)
         if out is not None:
             Image.fromarray(
-                draw(to_rgb(image, cfg.INPUT.FORMAT), instances, ids.metadata, args.confidence_threshold)
+                draw(to_rgb(image, predictor.input_format), instances, ids.metadata, args.confidence_threshold)
             ).save(out)
             written.append(out)
         logger.info("%s: %d detections", f, len(instances))
@@ -216,7 +222,7 @@ def run_video(args, cfg, predictor, ids):
             ok, frame = cap.read()  # BGR
             if not ok:
                 break
-            image = frame if cfg.INPUT.FORMAT == "BGR" else frame[:, :, ::-1]
+            image = frame if predictor.input_format == "BGR" else frame[:, :, ::-1]
             instances = detect(predictor, image, args.confidence_threshold)
             results += coco_results(instances, frame_index, path, ids, frame=frame_index)
             if out_path is not None:

@@ -20,7 +20,8 @@ from detectron2.data import detection_utils as utils
 from detectron2.utils.logger import setup_logger
 
 import aadet  # noqa: F401  (registers models)
-from aadet.engine import Predictor, load_config
+from aadet.engine import Predictor
+from aadet.engine.tool_config import inference_settings, load_any_config
 from aadet.export import (
     DEFAULT_ONNX_OPSET,
     EXPORT_FORMATS,
@@ -34,7 +35,7 @@ from aadet.export import (
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config-file", required=True, metavar="FILE")
+    ap.add_argument("--config-file", required=True, metavar="FILE", help="a YAML config or a LazyConfig .py")
     ap.add_argument("--weights", default=None, help="checkpoint (default: MODEL.WEIGHTS)")
     ap.add_argument("--format", nargs="+", choices=EXPORT_FORMATS, default=["onnx"])
     ap.add_argument("--opset", type=int, default=DEFAULT_ONNX_OPSET, help="ONNX opset")
@@ -45,7 +46,8 @@ def parse_args(argv=None):
     ap.add_argument("--output", required=True, help="folder for model.onnx / model.ts (+ .json)")
     ap.add_argument("--check", action="store_true",
                     help="run the exported model on the sample and compare with PyTorch")
-    ap.add_argument("--opts", nargs=argparse.REMAINDER, default=[], help="config overrides KEY VALUE ...")
+    ap.add_argument("--opts", nargs=argparse.REMAINDER, default=[],
+                    help="config overrides KEY VALUE ... (a LazyConfig .py: key=value ...)")
     return ap.parse_args(argv)
 
 
@@ -53,13 +55,14 @@ def main(argv=None):
     args = parse_args(argv)
     logger = setup_logger(name="aadet")
     logging.getLogger("aadet.export").setLevel(logging.INFO)
-    cfg = load_config(args.config_file, args.opts)
+    cfg = load_any_config(args.config_file, args.opts)
+    settings = inference_settings(cfg)
     for fmt in args.format:  # fail before building the model
         check_exportable(cfg, fmt, args.opset)
     predictor = Predictor(cfg, args.weights)  # strict weight loading
     model = predictor.model
     if args.sample_image:
-        image = sample_input(cfg, image=utils.read_image(args.sample_image, format=cfg.INPUT.FORMAT))
+        image = sample_input(cfg, image=utils.read_image(args.sample_image, format=settings.input_format))
     else:
         image = sample_input(cfg, size=args.input_size)
     results = {}
@@ -72,8 +75,8 @@ def main(argv=None):
                 ref = model([{"image": image.to(model.device)}])[0]["instances"].to("cpu")
             got = ExportedDetector(path).run(image)
             m = match_detections(
-                ref, got, score_thresh=cfg.MODEL.RETINANET.SCORE_THRESH_TEST,
-                max_dets=cfg.TEST.DETECTIONS_PER_IMAGE,
+                ref, got, score_thresh=settings.score_thresh_test,
+                max_dets=settings.detections_per_image,
             )
             print(
                 f"  check: {m.num_other} detections vs PyTorch {m.num_ref}, {m.matched} matched, "

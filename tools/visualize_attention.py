@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import aadet  # noqa: E402,F401
-from aadet.engine import Predictor, load_config  # noqa: E402
+from aadet.engine import Predictor
+from aadet.engine.tool_config import load_any_config  # noqa: E402
 from aadet.layers import AugmentedConv2d  # noqa: E402
 from aadet.utils.images import read_image, to_rgb  # noqa: E402
 
@@ -102,7 +103,7 @@ def main(argv=None):
     ap.add_argument("opts", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config_file, args.opts)
+    cfg = load_any_config(args.config_file, args.opts)
     predictor = Predictor(cfg, args.weights)
     layers = aa_layers(predictor.model)
     if not layers:
@@ -116,9 +117,9 @@ def main(argv=None):
         ap.error(f"--layer {args.layer!r} is not an AA layer; choose from: {', '.join(layers)}")
     if not args.image or not args.pixels:
         ap.error("--image and --pixels are required")
-    image = read_image(args.image, cfg.INPUT.FORMAT)
+    image = read_image(args.image, predictor.input_format)
     maps, _, valid = attention_for_pixels(predictor, layers[args.layer], image, args.pixels)
-    render(to_rgb(image, cfg.INPUT.FORMAT), maps, valid, args.pixels, args.output)
+    render(to_rgb(image, predictor.input_format), maps, valid, args.pixels, args.output)
     print(f"{args.output}: {maps.shape[0]} heads x {maps.shape[1]} pixels of {args.layer}")
     return args.output, maps
 

@@ -7,14 +7,13 @@ boxes, to check the recipe; or the raw annotations with --source annotation.
 import argparse
 import os
 
-from detectron2.data import DatasetCatalog, DatasetMapper, MetadataCatalog  # noqa: E402
+from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import Visualizer  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import aadet  # noqa: E402,F401
 from aadet.data import register_trees  # noqa: E402
-from aadet.data.augmentation import build_augmentation  # noqa: E402
-from aadet.engine import load_config  # noqa: E402
+from aadet.engine.tool_config import build_train_mapper, inference_settings, load_any_config  # noqa: E402
 
 
 def main(argv=None):
@@ -28,11 +27,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     register_trees()
-    cfg = load_config(args.config_file, args.opts)
-    name = cfg.DATASETS.TRAIN[0]
+    cfg = load_any_config(args.config_file, args.opts)
+    settings = inference_settings(cfg)
+    name = settings.train_datasets[0]
     metadata = MetadataCatalog.get(name)
     dicts = DatasetCatalog.get(name)[: args.num_images]
-    mapper = DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True))
+    mapper = build_train_mapper(cfg)
     import numpy as np
     import torch
 
@@ -48,7 +48,7 @@ def main(argv=None):
         else:
             out = mapper(dict(d))
             img = out["image"].permute(1, 2, 0).numpy().astype("uint8")
-            if cfg.INPUT.FORMAT == "BGR":
+            if settings.input_format == "BGR":
                 img = img[:, :, ::-1]
             inst = out["instances"]
             labels = None

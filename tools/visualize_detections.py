@@ -18,7 +18,8 @@ from PIL import Image  # noqa: E402
 
 import aadet  # noqa: E402,F401
 from aadet.data import register_trees  # noqa: E402
-from aadet.engine import Predictor, load_config  # noqa: E402
+from aadet.engine import Predictor
+from aadet.engine.tool_config import inference_settings, load_any_config  # noqa: E402
 from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb  # noqa: E402
 from aadet.utils.visualizer import MAX_LABELS, MIN_SIDE, draw_instances, enlarge_factor, side_by_side  # noqa: E402
 
@@ -55,7 +56,7 @@ def _gt_boxes(record):
 def render(predictor, cfg, metadata, file_name, record, threshold, show_gt,
            min_side=MIN_SIDE, max_labels=MAX_LABELS):
     """The picture of one image: detections, or ground truth | detections; ``(rgb, count)``."""
-    fmt = cfg.INPUT.FORMAT
+    fmt = inference_settings(cfg).input_format
     image = read_image(file_name, fmt)
     instances = predictor(image)["instances"].to("cpu")
     instances = instances[instances.scores >= threshold]
@@ -89,7 +90,8 @@ def main(argv=None):
                     help="above this many boxes in an image, no text per box (colours + legend)")
     ap.add_argument("--max-images", type=int, default=0, help="0 = all")
     ap.add_argument("--show-gt", action="store_true", help="ground truth side by side (--dataset)")
-    ap.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ...")
+    ap.add_argument("opts", nargs=argparse.REMAINDER,
+                    help="config overrides KEY VALUE ... (a LazyConfig .py: key=value ...)")
     args = ap.parse_args(argv)
     if not 0.0 <= args.threshold <= 1.0:
         ap.error(f"--threshold must be in [0, 1]; got {args.threshold}")
@@ -97,9 +99,10 @@ def main(argv=None):
         ap.error(f"--min-side must be >= 1 and --max-labels >= 0; got {args.min_side}, {args.max_labels}")
 
     register_trees()
-    cfg = load_config(args.config_file, args.opts)
+    cfg = load_any_config(args.config_file, args.opts)
     predictor = Predictor(cfg, args.weights)
-    name = args.dataset or (cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
+    test = inference_settings(cfg).test_datasets
+    name = args.dataset or (test[0] if test else "__unused")
     metadata = MetadataCatalog.get(name)
     if not metadata.get("thing_classes") and name in DatasetCatalog.list():
         DatasetCatalog.get(name)  # a COCO json sets thing_classes when loaded

@@ -16,7 +16,15 @@ to 640 so the longer side is 640.
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 
-__all__ = ["build_scale_jitter_augmentation", "build_augmentation"]
+from ..config import check_recipe_values
+from ..layers.functional.checks import argument_error
+
+__all__ = [
+    "build_scale_jitter_augmentation",
+    "build_photometric_augmentation",
+    "recipe_augmentation",
+    "build_augmentation",
+]
 
 
 def build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_value=128.0):
@@ -34,19 +42,40 @@ def build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_v
     return augs
 
 
+def build_photometric_augmentation(brightness, contrast):
+    """Brightness then contrast jitter, factors uniform in the ``(min, max)`` ranges."""
+    return [T.RandomBrightness(*brightness), T.RandomContrast(*contrast)]
+
+
+def recipe_augmentation(
+    long_side_range, crop_size, flip_prob, pad_value=128.0, brightness=None, contrast=None
+):
+    """The training augmentation of the recipe from plain arguments (what a LazyConfig gives):
+    :func:`build_scale_jitter_augmentation`, then photometric jitter when ``brightness`` and
+    ``contrast`` ranges are given (None: off). ``build_augmentation(cfg, True)`` with
+    ``INPUT.SCALE_JITTER.ENABLED`` is this function of the config's values."""
+    check_recipe_values(long_side_range, crop_size, flip_prob, brightness, contrast,
+                        name=lambda arg: arg, error=argument_error)
+    augs = build_scale_jitter_augmentation(long_side_range, crop_size, flip_prob, pad_value)
+    if (brightness is None) != (contrast is None):
+        raise ValueError("recipe_augmentation: give both brightness and contrast ranges, or neither")
+    if brightness is not None:
+        augs += build_photometric_augmentation(tuple(brightness), tuple(contrast))
+    return augs
+
+
 def build_augmentation(cfg, is_train: bool):
     """Augmentations for training (scale jitter recipe if ``INPUT.SCALE_JITTER.ENABLED``, then
     photometric jitter if ``INPUT.PHOTOMETRIC.ENABLED``) or test."""
     if not is_train:
         return utils.build_augmentation(cfg, False)
-    sj = cfg.INPUT.SCALE_JITTER
+    sj, ph = cfg.INPUT.SCALE_JITTER, cfg.INPUT.PHOTOMETRIC
     if sj.ENABLED:
-        augs = build_scale_jitter_augmentation(
-            tuple(sj.LONG_SIDE_RANGE), int(sj.CROP_SIZE), float(sj.FLIP_PROB), float(sj.PAD_VALUE)
+        return recipe_augmentation(
+            tuple(sj.LONG_SIDE_RANGE), int(sj.CROP_SIZE), float(sj.FLIP_PROB), float(sj.PAD_VALUE),
+            *((ph.BRIGHTNESS, ph.CONTRAST) if ph.ENABLED else ()),
         )
-    else:
-        augs = utils.build_augmentation(cfg, True)
-    ph = cfg.INPUT.PHOTOMETRIC
+    augs = utils.build_augmentation(cfg, True)
     if ph.ENABLED:
-        augs += [T.RandomBrightness(*ph.BRIGHTNESS), T.RandomContrast(*ph.CONTRAST)]
+        augs += build_photometric_augmentation(ph.BRIGHTNESS, ph.CONTRAST)
     return augs

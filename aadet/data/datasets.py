@@ -31,7 +31,7 @@ from detectron2.data.datasets import load_coco_json
 
 from . import trees
 
-__all__ = ["register_coco_detection", "register_coco_from_config", "register_trees"]
+__all__ = ["register_coco_detection", "register_coco_entries", "register_coco_from_config", "register_trees"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +149,18 @@ _REGISTER_KEY = "DATASETS.REGISTER_COCO"
 
 
 def register_coco_from_config(cfg) -> Dict[str, tuple]:
-    """Register every ``[name, json_file, image_root]`` triple of ``cfg.DATASETS.REGISTER_COCO``.
+    """Register every ``[name, json_file, image_root]`` triple of ``cfg.DATASETS.REGISTER_COCO``
+    (:func:`register_coco_entries`; a LazyConfig's ``dataloader.register_coco`` goes there too)."""
+    return register_coco_entries(cfg.DATASETS.get("REGISTER_COCO", ()), _REGISTER_KEY)
 
-    The one place where the key is checked. Relative paths are taken from the working directory.
-    Registering the identical triple again does nothing (tools build their config more than once).
+
+def register_coco_entries(entries, key: str = _REGISTER_KEY) -> Dict[str, tuple]:
+    """Register every ``[name, json_file, image_root]`` triple of ``entries``, the value of the
+    config key ``key`` (named in the errors).
+
+    The one place where such entries are checked. Relative paths are taken from the working
+    directory. Registering the identical triple again does nothing (tools build their config more
+    than once).
 
     Returns:
         ``{name: (json_file, image_root)}`` with absolute paths, in the key's order.
@@ -165,15 +173,14 @@ def register_coco_from_config(cfg) -> Dict[str, tuple]:
     """
     from ..config import ConfigValueError
 
-    entries = cfg.DATASETS.get("REGISTER_COCO", ())
     if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
         raise ConfigValueError(
-            f"Config key {_REGISTER_KEY} must be a list of [name, json_file, image_root] "
+            f"Config key {key} must be a list of [name, json_file, image_root] "
             f"triples; got {entries!r}."
         )
     out: Dict[str, tuple] = {}
     for i, entry in enumerate(entries):
-        where = f"{_REGISTER_KEY}[{i}] = {list(entry) if isinstance(entry, (list, tuple)) else entry!r}"
+        where = f"{key}[{i}] = {list(entry) if isinstance(entry, (list, tuple)) else entry!r}"
         if (
             not isinstance(entry, (list, tuple))
             or len(entry) != 3
@@ -185,7 +192,7 @@ def register_coco_from_config(cfg) -> Dict[str, tuple]:
             )
         name, json_file, image_root = entry
         if name in out:
-            raise ConfigValueError(f"{where}: dataset name {name!r} is listed twice in {_REGISTER_KEY}.")
+            raise ConfigValueError(f"{where}: dataset name {name!r} is listed twice in {key}.")
         try:
             register_coco_detection(name, json_file, image_root)
         except (FileNotFoundError, ValueError) as e:

@@ -19,11 +19,18 @@ import itertools
 import random
 
 import numpy as np
+from detectron2.data import build_detection_train_loader
+from detectron2.data.common import DatasetFromList
 from detectron2.data.samplers import TrainingSampler
 from detectron2.utils import comm
 from torch.utils.data import Dataset, Sampler
 
-__all__ = ["ResumableTrainingSampler", "PositionKeyedDataset", "PositionSeededMapper"]
+__all__ = [
+    "ResumableTrainingSampler",
+    "PositionKeyedDataset",
+    "PositionSeededMapper",
+    "build_resumable_train_loader",
+]
 
 
 class ResumableTrainingSampler(Sampler):
@@ -83,3 +90,34 @@ class PositionSeededMapper:
         np.random.seed(s)
         random.seed(s)
         return self.mapper(item)
+
+
+def build_resumable_train_loader(
+    dataset,
+    *,
+    mapper,
+    total_batch_size: int,
+    seed=None,
+    start_iter: int = 0,
+    aspect_ratio_grouping: bool = True,
+    num_workers: int = 0,
+):
+    """Detectron2's ``build_detection_train_loader`` on the resumable stream: ``dataset`` (a list
+    of dataset dicts) sampled by :class:`ResumableTrainingSampler` from iteration ``start_iter``,
+    each sample mapped by ``mapper`` with RNGs seeded from ``(seed, position)``.
+
+    ``seed``: the stream's seed (an int >= 0; None or < 0: the run's shared random seed). The
+    YACS trainer passes ``SEED``, ``SOLVER.IMS_PER_BATCH``, ``DATALOADER.*``; a LazyConfig writes
+    them (``configs/common/data/``).
+    """
+    if seed is not None and seed < 0:
+        seed = None
+    sampler = ResumableTrainingSampler(len(dataset), seed=seed, start=start_iter * total_batch_size)
+    return build_detection_train_loader(
+        dataset=PositionKeyedDataset(DatasetFromList(list(dataset), copy=False)),
+        mapper=PositionSeededMapper(mapper, sampler.seed),
+        sampler=sampler,
+        total_batch_size=total_batch_size,
+        aspect_ratio_grouping=aspect_ratio_grouping,
+        num_workers=num_workers,
+    )

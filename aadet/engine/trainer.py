@@ -35,15 +35,14 @@ import os
 import weakref
 from collections import OrderedDict
 
-from detectron2.data import DatasetMapper, build_detection_train_loader, get_detection_dataset_dicts
-from detectron2.data.common import DatasetFromList
+from detectron2.data import DatasetMapper, get_detection_dataset_dicts
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 from ..data.augmentation import build_augmentation
-from ..data.resumable import PositionKeyedDataset, PositionSeededMapper, ResumableTrainingSampler
+from ..data.resumable import build_resumable_train_loader
 from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader, set_train_results
 from .checkpoint import AADetCheckpointer
@@ -88,16 +87,12 @@ class Trainer(DefaultTrainer):
         dicts = get_detection_dataset_dicts(
             cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS
         )
-        seed = cfg.SEED if cfg.SEED >= 0 else None  # None: shared random seed of this run
-        sampler = ResumableTrainingSampler(
-            len(dicts), seed=seed, start=start_iter * cfg.SOLVER.IMS_PER_BATCH
-        )
-        mapper = DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True))
-        return build_detection_train_loader(
-            dataset=PositionKeyedDataset(DatasetFromList(dicts, copy=False)),
-            mapper=PositionSeededMapper(mapper, sampler.seed),
-            sampler=sampler,
+        return build_resumable_train_loader(
+            dicts,
+            mapper=DatasetMapper(cfg, is_train=True, augmentations=build_augmentation(cfg, True)),
             total_batch_size=cfg.SOLVER.IMS_PER_BATCH,
+            seed=cfg.SEED,  # < 0: the shared random seed of this run
+            start_iter=start_iter,
             aspect_ratio_grouping=cfg.DATALOADER.ASPECT_RATIO_GROUPING,
             num_workers=cfg.DATALOADER.NUM_WORKERS,
         )

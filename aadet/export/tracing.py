@@ -45,7 +45,7 @@ from ..config import config_error
 from ..layers.functional.checks import check_one_of
 from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
 from ..layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
-from ..modeling.box_voting import bbox_vote_thresh
+from ..engine.tool_config import inference_settings
 
 __all__ = [
     "DEFAULT_ONNX_OPSET",
@@ -68,12 +68,14 @@ FILE_NAMES = {"torchscript": "model.ts", "onnx": "model.onnx"}
 ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
-#: The config keys naming an attention route, and the registry of each.
-IMPL_KEYS = {"MODEL.AA.IMPL": LOGIT_TABLE_BACKENDS, "MODEL.SASA.IMPL": LOCAL_ATTENTION_BACKENDS}
+#: The registry of each kind of attention route (``InferenceSettings.attention_routes``: the
+#: config keys naming them, ``MODEL.AA.IMPL`` / ``MODEL.SASA.IMPL`` in a YACS config).
+ROUTE_REGISTRIES = {"aa": LOGIT_TABLE_BACKENDS, "sasa": LOCAL_ATTENTION_BACKENDS}
 
 
 def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
-    """Raise a ``ValueError`` naming the argument or config key that cannot be exported."""
+    """Raise a ``ValueError`` naming the argument or config key that cannot be exported
+    (``cfg``: a YACS config or a LazyConfig, :func:`~aadet.engine.tool_config.inference_settings`)."""
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"export format must be one of {EXPORT_FORMATS}; got {fmt!r}")
     if fmt == "onnx" and opset not in ONNX_OPSETS:
@@ -81,12 +83,9 @@ def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
             f"ONNX opset must be in [{ONNX_OPSETS[0]}, {ONNX_OPSETS[-1]}] (the tested range); "
             f"got {opset}"
         )
-    for key, routes in IMPL_KEYS.items():
-        node = cfg
-        for name in key.split("."):
-            node = node[name]
+    for key, (kind, route) in inference_settings(cfg).attention_routes.items():
         check_one_of(
-            node, routes.exportable(), key, config_error,
+            route, ROUTE_REGISTRIES[kind].exportable(), key, config_error,
             " to export: the routes that trace into plain tensor ops (\"auto\" takes one of them "
             "while tracing)",
         )
@@ -94,16 +93,15 @@ def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
 
 def predictor_resize(cfg) -> T.ResizeShortestEdge:
     """The Predictor's test-time resize (outside the exported graph)."""
-    return T.ResizeShortestEdge(
-        [cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST], cfg.INPUT.MAX_SIZE_TEST
-    )
+    s = inference_settings(cfg)
+    return T.ResizeShortestEdge([s.min_size_test, s.min_size_test], s.max_size_test)
 
 
 def sample_input(cfg, image: Optional[np.ndarray] = None, size: Optional[Sequence[int]] = None):
     """The ``[3, H, W]`` float32 model input to trace with.
 
     Args:
-        image: ``[H, W, 3]`` uint8 in ``cfg.INPUT.FORMAT``; resized like the Predictor.
+        image: ``[H, W, 3]`` uint8 in the config's input format; resized like the Predictor.
         size: ``(H, W)`` of the model input instead (a fixed pseudo-random image, not resized).
     """
     if (image is None) == (size is None):
@@ -201,6 +199,7 @@ def export_model(
 
 
 def _write_metadata(cfg, path: str, fmt: str, hw: Tuple[int, int], opset: int) -> None:
+    s = inference_settings(cfg)
     meta = {
         "format": fmt,
         "file": os.path.basename(path),
@@ -208,16 +207,16 @@ def _write_metadata(cfg, path: str, fmt: str, hw: Tuple[int, int], opset: int) -
             "name": "image",
             "shape": [3, int(hw[0]), int(hw[1])],
             "dtype": "float32",
-            "channels": cfg.INPUT.FORMAT,
+            "channels": s.input_format,
             "range": "0-255",
         },
-        "test_resize": {"min_size": cfg.INPUT.MIN_SIZE_TEST, "max_size": cfg.INPUT.MAX_SIZE_TEST},
+        "test_resize": {"min_size": s.min_size_test, "max_size": s.max_size_test},
         "outputs": list(OUTPUT_NAMES),
-        "num_classes": cfg.MODEL.RETINANET.NUM_CLASSES,
-        "score_thresh_test": cfg.MODEL.RETINANET.SCORE_THRESH_TEST,
-        "nms_thresh_test": cfg.MODEL.RETINANET.NMS_THRESH_TEST,
-        "detections_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
-        "bbox_vote_thresh": bbox_vote_thresh(cfg),  # 0 = off
+        "num_classes": s.num_classes,
+        "score_thresh_test": s.score_thresh_test,
+        "nms_thresh_test": s.nms_thresh_test,
+        "detections_per_image": s.detections_per_image,
+        "bbox_vote_thresh": s.bbox_vote_thresh,  # 0 = off
         "opset": opset if fmt == "onnx" else None,
         "torch": torch.__version__,
     }

@@ -48,18 +48,27 @@ NormSpec = Union[str, None, nn.Module, Callable[[int], nn.Module]]
 
 
 def _make_norm(norm: NormSpec, channels: int) -> Optional[nn.Module]:
-    """``"BN"`` -> BatchNorm2d, ``""``/None -> none, a module as is, a callable ``f(channels)``."""
+    """``"BN"`` -> BatchNorm2d, another name -> Detectron2's ``get_norm(name, channels)`` ("GN",
+    "SyncBN", ...: plain values, as a LazyConfig holds them), ``""``/None -> none, a module as is,
+    a callable ``f(channels)``."""
     if norm is None or norm == "":
         return None
     if norm == "BN":
         return nn.BatchNorm2d(channels)
-    if isinstance(norm, nn.Module):
+    if isinstance(norm, str):
+        from detectron2.layers import get_norm  # only for Detectron2's names (as freeze())
+
+        try:
+            return get_norm(norm, channels)
+        except KeyError:
+            pass
+    elif isinstance(norm, nn.Module):
         return norm
-    if callable(norm):
+    elif callable(norm):
         return norm(channels)
     raise ValueError(
-        "norm must be '', 'BN', an nn.Module or a callable channels -> module "
-        f"(e.g. lambda c: detectron2.layers.get_norm('GN', c)); got {norm!r}"
+        "norm must be '', a name detectron2.layers.get_norm knows ('BN', 'GN', ...), an "
+        f"nn.Module or a callable channels -> module; got {norm!r}"
     )
 
 
@@ -77,7 +86,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
             ``out_channels``; the paper does not state it).
         positional_encoding: ``"relative"`` (relative logits inside the block, as in the SASA
             layer) or ``"none"``; the spatially-aware values are there in both cases.
-        norm: ``"BN"`` (default), ``""``, a module, or a callable ``channels -> module``.
+        norm: ``"BN"`` (default), another name of Detectron2's ``get_norm`` (``"GN"``, ...),
+            ``""``, a module, or a callable ``channels -> module``.
 
     Parameters: ``query``/``key`` ``[out, in, 1, 1]`` and ``value_weight [m, out, in]`` ~
     ``N(0, in ** -0.5)``; ``rel_h [2b-1, dkh//2]``, ``rel_w [2b-1, dkh - dkh//2]`` ~

@@ -213,23 +213,25 @@ def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
 
 def test_a_newly_registered_spatial_layer_is_accepted():
     """MODEL.FPN.SPATIAL_LAYER follows the registry, not a list of its own."""
-    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, build_fpn_spatial_layers
+    from detectron2.config import configurable
+
+    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, spatial_layer_options
 
     cfg = get_aadet_cfg()
     cfg.MODEL.FPN.SPATIAL_LAYER = "test_identity_layer"
-    fpn = object()  # the converter's argument, passed through
     with pytest.raises(ConfigValueError, match="MODEL.FPN.SPATIAL_LAYER"):
-        build_fpn_spatial_layers(cfg, fpn)
+        spatial_layer_options(cfg)
 
     @FPN_SPATIAL_LAYER_REGISTRY.register("test_identity_layer")
-    def keep_everything(cfg, fpn):
+    @configurable(from_config=lambda cfg: {"marker": 1})
+    def keep_everything(fpn, marker):
         return fpn
 
     try:
-        assert build_fpn_spatial_layers(cfg, fpn) is fpn
+        assert spatial_layer_options(cfg) == {"marker": 1}
         cfg.MODEL.FPN.SPATIAL_LAYER = "transformer"
         with pytest.raises(ConfigValueError, match="'test_identity_layer'"):
-            build_fpn_spatial_layers(cfg, fpn)
+            spatial_layer_options(cfg)
     finally:
         FPN_SPATIAL_LAYER_REGISTRY._obj_map.pop("test_identity_layer")  # test cleanup only
 

@@ -171,8 +171,10 @@ def test_norm_options():
                       torch.nn.GroupNorm)
     gn = torch.nn.GroupNorm(8, 64)
     assert SpatiallyAwareAttentionStem(norm=gn).norm is gn
+    # Detectron2's names, as plain values (a LazyConfig writes norm="GN")
+    assert isinstance(SpatiallyAwareAttentionStem(norm="GN").norm, torch.nn.GroupNorm)
     with pytest.raises(ValueError, match="norm"):
-        SpatiallyAwareAttentionStem(norm="GN")
+        SpatiallyAwareAttentionStem(norm="XN")
 
 
 def test_freeze():

@@ -291,11 +291,9 @@ def test_aa_impl_key_reaches_every_augmented_layer():
 def test_plain_arguments_build_what_the_config_builds():
     """Each builder takes plain arguments (what a LazyConfig gives it) and maps the config in one
     from_config: the same seed gives the same parameters either way."""
-    import functools
 
     from detectron2.modeling.backbone.resnet import BasicStem
 
-    from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
     from aadet.modeling.backbone.fpn import build_retinanet_fpn
 
     cfg = make_cfg(18, STAGES=("res4", "res5"), MAX_INPUT_SIZE=128, NUM_HEADS=4)
@@ -318,7 +316,8 @@ def test_plain_arguments_build_what_the_config_builds():
     )
     plain = build_retinanet_fpn(
         bottom_up, in_features=["res3", "res4", "res5"], out_channels=32, norm="", fuse_type="sum",
-        p6p7_source="p5", spatial_layers=functools.partial(convert_fpn_to_attention, kernel_size=3, num_heads=4),
+        p6p7_source="p5", spatial_layer="attention",
+        spatial_layer_options=dict(top_block=False, kernel_size=3, num_heads=4),
     )
     a, b = from_cfg.state_dict(), plain.state_dict()
     assert list(a) == list(b)

@@ -3,9 +3,9 @@ FPN over them, each registered in Detectron2's ``BACKBONE_REGISTRY``; the regist
 spatial layers (``FPN_SPATIAL_LAYER_REGISTRY``) lives beside the FPN (:mod:`.fpn`)."""
 from .fpn import (  # noqa: F401
     FPN_SPATIAL_LAYER_REGISTRY,
-    build_fpn_spatial_layers,
     build_retinanet_conv_resnet_fpn_backbone,
     build_retinanet_fpn,
+    spatial_layer_options,
 )
 from .attention_fpn import convert_fpn_to_attention  # noqa: F401
 from .resnet_stages import ResNetStage, build_resnet  # noqa: F401

@@ -34,10 +34,17 @@ from detectron2.modeling.backbone.resnet import BasicBlock, BottleneckBlock, Res
 
 from ...config import config_error
 from ...layers.augmented_conv import AugmentedConv2d
-from ...layers.functional.checks import Interval, check_in
+from ...layers.functional.checks import Interval, argument_error, check_in, check_subset
 from ..attention_layers import aa_layer_kwargs
 from .fpn import build_retinanet_fpn
-from .resnet_stages import ResNetStage, basic_stem, build_resnet, check_stage_names, resnet_from_config
+from .resnet_stages import (
+    STAGE_NAMES,
+    ResNetStage,
+    basic_stem,
+    build_resnet,
+    check_stage_names,
+    resnet_from_config,
+)
 
 __all__ = [
     "AugmentedConv2dNorm",
@@ -203,6 +210,10 @@ def build_aa_resnet_backbone(
             :func:`~.resnet_stages.build_resnet`).
     """
     aa_stages, downsample_stages = tuple(aa_stages), tuple(downsample_stages)
+    # the plain-argument path's checks (from the config, _aa_resnet_from_config named the keys)
+    check_subset(aa_stages, STAGE_NAMES, "aa_stages", argument_error)
+    check_subset(downsample_stages, STAGE_NAMES, "downsample_stages", argument_error)
+    check_in(max_input_size, Interval(0.0), "max_input_size", argument_error)
 
     def block_for_stage(stage: ResNetStage):
         if stage.name not in aa_stages:

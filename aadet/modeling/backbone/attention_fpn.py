@@ -39,18 +39,19 @@ def _replace_aliases(seq, old, new):
             seq[i] = new
 
 
-def _attention_fpn_from_config(cfg, fpn: FPN):
+def _attention_fpn_from_config(cfg):
     """``MODEL.FPN.ATTENTION_TOP_BLOCK`` and the ``MODEL.SASA`` layer keys
-    (:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`)."""
-    return dict(fpn=fpn, top_block=cfg.MODEL.FPN.ATTENTION_TOP_BLOCK, **sasa_layer_kwargs(cfg))
+    (:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`): the converter's options
+    (``fpn`` is passed as an argument: ``convert_fpn_to_attention(cfg, fpn=fpn)``)."""
+    return dict(top_block=cfg.MODEL.FPN.ATTENTION_TOP_BLOCK, **sasa_layer_kwargs(cfg))
 
 
 @FPN_SPATIAL_LAYER_REGISTRY.register("attention")
 @configurable(from_config=_attention_fpn_from_config)
 def convert_fpn_to_attention(fpn: FPN, *, top_block: bool = False, **attention) -> FPN:
     """Replace ``fpn``'s 3x3 output convs, and its P6/P7 convs if ``top_block``, in place:
-    ``MODEL.FPN.SPATIAL_LAYER = "attention"``, SASA's attentional FPN (called as ``(cfg, fpn)``,
-    its arguments come from ``MODEL.FPN.ATTENTION_TOP_BLOCK`` and the ``MODEL.SASA`` layer keys).
+    ``MODEL.FPN.SPATIAL_LAYER = "attention"``, SASA's attentional FPN (its options from the
+    config: ``MODEL.FPN.ATTENTION_TOP_BLOCK`` and the ``MODEL.SASA`` layer keys).
 
     Returns ``fpn``. ``top_block=True`` requires a ``LastLevelP6P7`` (or no top block at all);
     another top block (e.g. ``LastLevelMaxPool``) has no convolution and is left alone.

@@ -6,14 +6,14 @@ convs), taken from ``res5`` or ``p5`` (``MODEL.FPN.P6P7_SOURCE``; the AA paper's
 P5), built only when ``MODEL.RETINANET.IN_FEATURES`` asks for them. ``MODEL.FPN.SPATIAL_LAYER``
 then picks what makes the FPN's 3x3 outputs and P6/P7, a name in
 :data:`FPN_SPATIAL_LAYER_REGISTRY`: "conv" (:func:`keep_conv_spatial_layers`) or "attention"
-(SASA's attentional FPN, :func:`~aadet.modeling.backbone.attention_fpn.convert_fpn_to_attention`).
+(SASA's attentional FPN, :func:`~aadet.modeling.backbone.attention_fpn.convert_fpn_to_attention`),
+with the options its ``from_config`` reads (:func:`spatial_layer_options`).
 
 Registered backbone builders (one per bottom-up network, each a plain ``def`` next to its
 bottom-up builder): ``build_retinanet_conv_resnet_fpn_backbone`` (here: Detectron2's ResNet),
 ``build_retinanet_aa_resnet_fpn_backbone``, ``build_retinanet_sasa_resnet_fpn_backbone``.
 """
-import functools
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
@@ -21,14 +21,14 @@ from detectron2.modeling.backbone import BACKBONE_REGISTRY, Backbone
 from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
 
 from ...config import config_error
-from ...layers.functional.checks import check_one_of
+from ...layers.functional.checks import argument_error, check_one_of
 from ...utils.d2compat import NamedRegistry
 from .resnet_stages import basic_stem, build_resnet
 
 __all__ = [
     "FPN_SPATIAL_LAYER_REGISTRY",
     "P6P7_SOURCES",
-    "build_fpn_spatial_layers",
+    "spatial_layer_options",
     "build_retinanet_fpn",
     "keep_conv_spatial_layers",
     "build_retinanet_conv_resnet_fpn_backbone",
@@ -39,31 +39,36 @@ P6P7_SOURCES = ("res5", "p5")
 
 FPN_SPATIAL_LAYER_REGISTRY = NamedRegistry("FPN_SPATIAL_LAYER")  # MODEL.FPN.SPATIAL_LAYER
 FPN_SPATIAL_LAYER_REGISTRY.__doc__ = """
-Converters ``fn(cfg, fpn: FPN) -> FPN`` that replace the spatial layers of a built FPN (its 3x3
-output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER value>")``
-(here and in attention_fpn.py; ``@configurable`` functions, so each also takes plain arguments).
-:func:`build_fpn_spatial_layers` accepts exactly the registered names.
+Converters ``fn(fpn: FPN, **options) -> FPN`` that replace the spatial layers of a built FPN (its
+3x3 output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER
+value>")`` (here and in attention_fpn.py). Each is ``@configurable`` with a ``from_config(cfg)``
+that returns its ``options`` (:func:`spatial_layer_options`), so :func:`build_retinanet_fpn` takes
+a name and plain options (a LazyConfig writes them out) and its own ``from_config`` reads them.
 """
 
 
 @FPN_SPATIAL_LAYER_REGISTRY.register("conv")
-def keep_conv_spatial_layers(cfg, fpn: FPN) -> FPN:
+@configurable(from_config=lambda cfg: {})
+def keep_conv_spatial_layers(fpn: FPN) -> FPN:
     """``MODEL.FPN.SPATIAL_LAYER = "conv"``: keep Detectron2's 3x3 output convs and P6/P7 convs."""
     return fpn
 
 
-def build_fpn_spatial_layers(cfg, fpn: FPN) -> FPN:
-    """Convert ``fpn`` by the ``MODEL.FPN.SPATIAL_LAYER`` entry of :data:`FPN_SPATIAL_LAYER_REGISTRY`.
+def _check_spatial_layer(name: str, key: str = "MODEL.FPN.SPATIAL_LAYER", error=config_error) -> None:
+    check_one_of(
+        name, sorted(n for n, _ in FPN_SPATIAL_LAYER_REGISTRY), key, error,
+        " (names in FPN_SPATIAL_LAYER_REGISTRY)",
+    )
+
+
+def spatial_layer_options(cfg) -> Dict[str, Any]:
+    """The options of the ``MODEL.FPN.SPATIAL_LAYER`` converter, from its ``from_config``.
 
     Raises:
         ConfigValueError: for a name not registered (the message lists the registered ones).
     """
-    name = cfg.MODEL.FPN.SPATIAL_LAYER
-    check_one_of(
-        name, sorted(n for n, _ in FPN_SPATIAL_LAYER_REGISTRY), "MODEL.FPN.SPATIAL_LAYER",
-        config_error, " (names in FPN_SPATIAL_LAYER_REGISTRY)",
-    )
-    return FPN_SPATIAL_LAYER_REGISTRY.get(name)(cfg, fpn)
+    _check_spatial_layer(cfg.MODEL.FPN.SPATIAL_LAYER)
+    return FPN_SPATIAL_LAYER_REGISTRY.get(cfg.MODEL.FPN.SPATIAL_LAYER).from_config(cfg)
 
 
 def _retinanet_fpn_from_config(cfg, bottom_up: Backbone) -> Dict[str, Any]:
@@ -79,7 +84,8 @@ def _retinanet_fpn_from_config(cfg, bottom_up: Backbone) -> Dict[str, Any]:
         norm=f.NORM,
         fuse_type=f.FUSE_TYPE,
         p6p7_source=f.P6P7_SOURCE if p6p7 else None,
-        spatial_layers=functools.partial(build_fpn_spatial_layers, cfg),
+        spatial_layer=f.SPATIAL_LAYER,
+        spatial_layer_options=spatial_layer_options(cfg),
     )
 
 
@@ -92,13 +98,23 @@ def build_retinanet_fpn(
     norm,
     fuse_type: str,
     p6p7_source: Optional[str] = None,
-    spatial_layers: Optional[Callable[[FPN], FPN]] = None,
+    spatial_layer: str = "conv",
+    spatial_layer_options: Optional[Dict[str, Any]] = None,
 ) -> FPN:
     """RetinaNet's FPN over ``bottom_up``: Detectron2's ``FPN`` (``in_features``,
     ``out_channels``, ``norm``, ``fuse_type`` as there), with P6/P7 computed from
-    ``p6p7_source`` (one of :data:`P6P7_SOURCES`; None: no P6/P7), then ``spatial_layers(fpn)``
-    (None: keep the convs; from the config, :func:`build_fpn_spatial_layers`).
+    ``p6p7_source`` (one of :data:`P6P7_SOURCES`; None: no P6/P7), then its spatial layers
+    converted by the :data:`FPN_SPATIAL_LAYER_REGISTRY` entry ``spatial_layer`` with
+    ``spatial_layer_options`` ("conv": none, keep the convs; "attention": ``top_block`` and the
+    :class:`~aadet.layers.LocalSelfAttention2d` options).
+
+    Raises:
+        ValueError: naming the argument, for a ``spatial_layer`` or ``p6p7_source`` not known
+            (from the config, a ConfigValueError naming the key).
     """
+    _check_spatial_layer(spatial_layer, "spatial_layer", argument_error)
+    if p6p7_source is not None:
+        check_one_of(p6p7_source, P6P7_SOURCES, "p6p7_source", argument_error)
     if p6p7_source is None:
         top_block = None
     elif p6p7_source == "p5":
@@ -114,7 +130,7 @@ def build_retinanet_fpn(
         top_block=top_block,
         fuse_type=fuse_type,
     )
-    return fpn if spatial_layers is None else spatial_layers(fpn)
+    return FPN_SPATIAL_LAYER_REGISTRY.get(spatial_layer)(fpn, **(spatial_layer_options or {}))
 
 
 @BACKBONE_REGISTRY.register()

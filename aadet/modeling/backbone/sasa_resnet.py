@@ -22,7 +22,7 @@ from typing import Any, Dict, Sequence
 
 import fvcore.nn.weight_init as weight_init
 from detectron2.config import configurable
-from detectron2.layers import ShapeSpec, get_norm
+from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
@@ -30,12 +30,13 @@ from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
 from ...config import config_error, layer_defaults
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
 from ...layers.local_attention import LocalSelfAttention2d
-from ...layers.functional.checks import check_num_heads, check_one_of
+from ...layers.functional.checks import argument_error, check_num_heads, check_one_of, check_subset
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import (
     BASIC_DEPTHS,
     RESNET_BLOCKS_PER_STAGE,
+    STAGE_NAMES,
     ResNetStage,
     basic_stem,
     build_resnet,
@@ -130,7 +131,7 @@ def _build_stem(cfg, input_shape: ShapeSpec):
         num_mixtures=sa.STEM_MIXTURES,
         # The stem has relative logits or none; "sine2d" (a trunk ablation) keeps them relative.
         positional_encoding="none" if sa.POSITIONAL_ENCODING == "none" else "relative",
-        norm=(lambda c: get_norm(norm, c)) if norm else "",
+        norm=norm,  # a name of Detectron2's get_norm, or "" (none)
     )
 
 
@@ -192,6 +193,8 @@ def build_sasa_resnet_backbone(
         ConfigValueError: naming the key, for settings an attention stage cannot take.
     """
     attention_stages = tuple(attention_stages)
+    # the plain-argument path's check (from the config, _sasa_resnet_from_config named the key)
+    check_subset(attention_stages, STAGE_NAMES, "attention_stages", argument_error)
 
     def block_for_stage(stage: ResNetStage):
         if stage.name not in attention_stages:
