@@ -19,9 +19,16 @@ implementation is tested (float64-exact) and benchmarked against.
   (:mod:`.backends.sasa_halo`: halo blocks on the SDPA / materialized logit-table route, called
   directly), ``"triton"`` (:mod:`.backends.sasa_triton`) and ``"cpp"`` (:mod:`.backends.sasa_cpp`,
   a C++ kernel: the CPU default).
+* HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`), registry
+  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`: ``"materialized"``
+  (:mod:`.backends.halo_materialized`, plain ops: the export route), ``"bmm"``
+  (:mod:`.backends.halo_bmm`, batched matmuls with its own backward: the CPU default) and
+  ``"fused"`` (:mod:`.backends.halo_sdpa`, SDPA with a position/mask bias: the CUDA default), on
+  the block layout of :mod:`.backends.halo_blocks`.
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
+  :func:`halo_attention_probs_2d` (HaloNet),
   :func:`relative_attention_weights_2d` (AA, selected queries), :func:`block_attention_probs`
   (stem).
 
@@ -61,6 +68,13 @@ from .blocks import (  # noqa: F401
     map_to_blocks,
 )
 from .dispatch import is_exporting  # noqa: F401
+from .halo_attention import (  # noqa: F401
+    HALO_ATTENTION_BACKENDS,
+    HALO_ATTENTION_IMPLS,
+    HaloAttentionBackend,
+    halo_attention_2d,
+    halo_attention_probs_2d,
+)
 from .local_attention import (  # noqa: F401
     LOCAL_ATTENTION_BACKENDS,
     LOCAL_ATTENTION_IMPLS,

@@ -14,6 +14,13 @@ SASA local attention, ``fn(q, k, v, rel_h, rel_w, kernel_size) -> out``
   are logit tables, handed to the SDPA or materialized logit-table route (``block_size=``);
 * :mod:`.sasa_triton`: ``"triton"``, fused Triton kernels with ``q . r`` in-kernel (CUDA).
 
+HaloNet blocked attention, ``fn(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride) -> out``
+(:data:`~..halo_attention.HALO_ATTENTION_BACKENDS`), all on the block layout of :mod:`.halo_blocks`:
+
+* :mod:`.halo_materialized`: ``"materialized"``, logits and softmax written out in plain ops (export);
+* :mod:`.halo_bmm`: ``"bmm"``, batched matmuls with a hand-written backward (CPU);
+* :mod:`.halo_sdpa`: ``"fused"``, SDPA with the position tables and border mask as its bias (CUDA).
+
 Attention with logit tables, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out``
 (:data:`~..logit_tables.LOGIT_TABLE_BACKENDS`; AA's global attention and the halo route):
 
