@@ -15,6 +15,7 @@ from aadet.layers.functional import (
     halo_attention_probs_2d,
     local_self_attention_2d,
 )
+from aadet.layers.functional.backends import halo_cpp
 from aadet.layers.functional.halo_attention import auto_halo_attention_impl
 from aadet.layers.functional.reference import halo_attention_2d_reference as brute_force
 
@@ -250,7 +251,7 @@ def test_bf16_autocast_finite_and_close_to_float32(impl):
     assert float((q.detach().float() * k.detach().float()).sum(-1).abs().max()) > 60
     err = (out.double() - ref).abs().detach()
     # bf16 keeps 8 mantissa bits: the fused route rounds the logits (|.| ~ 60) and the bias to
-    # ~0.25; the materialized and bmm routes compute in float32 and round only their output.
+    # ~0.25; the other routes compute in float32 and round only their output.
     assert float(err.mean()) < 0.01 and float(err.max()) < 0.25, (float(err.mean()), float(err.max()))
     out.float().sum().backward()
     assert q.grad.dtype == k.grad.dtype == v.grad.dtype == torch.bfloat16
@@ -261,12 +262,13 @@ def test_bf16_autocast_finite_and_close_to_float32(impl):
 # ----------------------------------------------------------------------------- dispatch, export
 def test_impls_come_from_the_registry():
     assert HALO_ATTENTION_IMPLS == ("auto",) + tuple(HALO_ATTENTION_BACKENDS)
-    assert {"materialized", "bmm", "fused"} <= set(HALO_ATTENTION_BACKENDS)
+    assert {"materialized", "bmm", "cpp", "fused"} <= set(HALO_ATTENTION_BACKENDS)
+    assert not HALO_ATTENTION_BACKENDS["cpp"].cuda
 
 
-def test_auto_picks_bmm_on_cpu_and_materialized_while_tracing():
+def test_auto_picks_cpp_on_cpu_and_materialized_while_tracing():
     q, k, v, rh, rw = _inputs(1, 1, 5, 5, 4, 4, 2, 1, dtype=torch.float32)
-    assert auto_halo_attention_impl(q) == "bmm"
+    assert auto_halo_attention_impl(q) == ("cpp" if halo_cpp.available() else "bmm")
     seen = []
 
     def fn(q):
@@ -327,7 +329,7 @@ def test_onnx_export_opset17_runs_in_onnxruntime():
     (dict(halo_size=1.0), r"halo_size must be an integer >= 0; got 1.0"),
     (dict(query_stride=3), r"query_stride must be a divisor of block_size=4 .*; got 3"),
     (dict(query_stride=0), r"query_stride must be an integer >= 1; got 0"),
-    (dict(impl="cpp"), r"impl must be one of \('auto', 'materialized'.*; got 'cpp'"),
+    (dict(impl="nope"), r"impl must be one of \('auto', 'materialized'.*; got 'nope'"),
     (dict(q=torch.zeros(1, 2, 6, 5, 4)), r"q must be k's shape = \(1, 2, 6, 7, 4\) .*got \(1, 2, 6, 5, 4\)"),
     (dict(q=torch.zeros(1, 2, 6, 7, 4), query_stride=2),
      r"q must be \[B, Nh, ceil\(H/2\), ceil\(W/2\), d\] for query_stride=2 = \(1, 2, 3, 4, 4\)"),

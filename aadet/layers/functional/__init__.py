@@ -20,11 +20,11 @@ implementation is tested (float64-exact) and benchmarked against.
   directly), ``"triton"`` (:mod:`.backends.sasa_triton`) and ``"cpp"`` (:mod:`.backends.sasa_cpp`,
   a C++ kernel: the CPU default).
 * HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`), registry
-  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`: ``"materialized"``
-  (:mod:`.backends.halo_materialized`, plain ops: the export route), ``"bmm"``
-  (:mod:`.backends.halo_bmm`, batched matmuls with its own backward: the CPU default) and
-  ``"fused"`` (:mod:`.backends.halo_sdpa`, SDPA with a position/mask bias: the CUDA default), on
-  the block layout of :mod:`.backends.halo_blocks`.
+  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`: ``"cpp"`` (:mod:`.backends.halo_cpp`, a C++
+  kernel: the CPU default), ``"bmm"`` (:mod:`.backends.halo_bmm`, batched matmuls with its own
+  backward: the CPU fallback), ``"materialized"`` (:mod:`.backends.halo_materialized`, plain ops:
+  the export route) and ``"fused"`` (:mod:`.backends.halo_sdpa`, SDPA with a position/mask bias:
+  the CUDA default); the PyTorch routes share the block layout of :mod:`.backends.halo_blocks`.
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),

@@ -26,13 +26,17 @@ the window of the block holding that pixel, keys and values at full resolution; 
 ``0 .. s - 2`` of the embeddings are then never used (their gradient is 0).
 
 :func:`halo_attention_2d` checks its arguments once (:mod:`.checks`) and dispatches on ``impl``
-through :data:`HALO_ATTENTION_BACKENDS`, one implementation per file under ``backends/`` on the
-block layout of :mod:`.backends.halo_blocks`, all exact (tested against
+through :data:`HALO_ATTENTION_BACKENDS`, one implementation per file under ``backends/`` (the
+PyTorch ones on the block layout of :mod:`.backends.halo_blocks`), all exact (tested against
 :func:`~aadet.layers.functional.reference.halo_attention_2d_reference`):
 
-* ``"materialized"`` (:mod:`.backends.halo_materialized`, the CPU default): per block, batched
-  matmuls and a float32 softmax, written out; plain tensor ops, the route ``"auto"`` takes under
-  tracing / ONNX export;
+* ``"cpp"`` (:mod:`.backends.halo_cpp`, the CPU default where it builds): a C++ kernel, block by
+  block in cache with BLAS gemm's, the logits recomputed in backward (stores only ``q, k, v``, the
+  output and a log-sum-exp per query);
+* ``"bmm"`` (:mod:`.backends.halo_bmm`, the CPU fallback): batched matmuls over all blocks with
+  a hand-written backward (stores the ``(b + 2h)^2`` probabilities of every query);
+* ``"materialized"`` (:mod:`.backends.halo_materialized`): the same in plain tensor ops, left to
+  autograd: the route ``"auto"`` takes under tracing / ONNX export;
 * ``"fused"`` (:mod:`.backends.halo_sdpa`, the CUDA default): one fused SDPA over all blocks,
   the position tables and the border mask as its additive float bias.
 
@@ -43,8 +47,10 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
+from .backends import halo_cpp
 from .backends.halo_blocks import halo_geometry, pad_window
 from .backends.halo_bmm import bmm_halo_attention
+from .backends.halo_cpp import cpp_halo_attention
 from .backends.halo_materialized import halo_logits, materialized_halo_attention
 from .backends.halo_sdpa import sdpa_halo_attention
 from .checks import check_halo_attention, check_impl
@@ -77,8 +83,10 @@ class HaloAttentionBackend(NamedTuple):
 #: ``impl`` name -> implementation (one file each; adding one is one file and one line here).
 HALO_ATTENTION_BACKENDS: Dict[str, HaloAttentionBackend] = {
     "materialized": HaloAttentionBackend(materialized_halo_attention),
-    # Batched matmuls with a hand-written backward on channels-first maps (the CPU default).
+    # Batched matmuls with a hand-written backward on channels-first maps.
     "bmm": HaloAttentionBackend(bmm_halo_attention),
+    # C++ kernel, block by block in cache, logits recomputed in backward (CPU; compiled on first use).
+    "cpp": HaloAttentionBackend(cpp_halo_attention, cuda=False),
     "fused": HaloAttentionBackend(sdpa_halo_attention),
 }
 
@@ -88,12 +96,16 @@ HALO_ATTENTION_IMPLS = ("auto",) + tuple(HALO_ATTENTION_BACKENDS)
 
 def auto_halo_attention_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
-    (plain tensor ops only), ``"fused"`` on CUDA, ``"bmm"`` elsewhere (the fastest CPU route by
-    measurement)."""
+    (plain tensor ops only), ``"fused"`` on CUDA, on CPU the C++ kernel ``"cpp"`` where it builds,
+    else ``"bmm"``. The CPU order is one short measurement, not a benchmark: fwd+bwd of 8 heads,
+    d = dv = 32, 40 x 40, b = 8, h = 3, one thread: cpp 65-70 ms, bmm 72-88 ms, materialized
+    103 ms (best of 5, on a 2-core CPU shared with a training run)."""
     if is_exporting():
         return "materialized"
     if q.device.type == "cuda":
         return "fused"
+    if q.device.type == "cpu" and halo_cpp.available():
+        return "cpp"
     return "bmm"
 
 
@@ -124,7 +136,8 @@ def halo_attention_2d(
         query_stride: ``s``, a divisor of ``b``: queries on the strided grid (HaloNet's attention
             downsampling), keys and values at full resolution; 1 (default) for none.
         impl: one of :data:`HALO_ATTENTION_IMPLS`: ``"materialized"`` (explicit float32 softmax,
-            plain tensor ops), ``"fused"`` (SDPA with the position and mask bias) or ``"auto"``
+            plain tensor ops), ``"bmm"`` (batched matmuls, own backward), ``"cpp"`` (C++ kernel;
+            CPU), ``"fused"`` (SDPA with the position and mask bias) or ``"auto"``
             (:func:`auto_halo_attention_impl`).
 
     Returns:

@@ -15,10 +15,12 @@ SASA local attention, ``fn(q, k, v, rel_h, rel_w, kernel_size) -> out``
 * :mod:`.sasa_triton`: ``"triton"``, fused Triton kernels with ``q . r`` in-kernel (CUDA).
 
 HaloNet blocked attention, ``fn(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride) -> out``
-(:data:`~..halo_attention.HALO_ATTENTION_BACKENDS`), all on the block layout of :mod:`.halo_blocks`:
+(:data:`~..halo_attention.HALO_ATTENTION_BACKENDS`), the PyTorch ones on the block layout of
+:mod:`.halo_blocks`:
 
+* :mod:`.halo_cpp`: ``"cpp"``, a C++ kernel, block by block in cache, logits recomputed in backward (CPU);
+* :mod:`.halo_bmm`: ``"bmm"``, batched matmuls with a hand-written backward;
 * :mod:`.halo_materialized`: ``"materialized"``, logits and softmax written out in plain ops (export);
-* :mod:`.halo_bmm`: ``"bmm"``, batched matmuls with a hand-written backward (CPU);
 * :mod:`.halo_sdpa`: ``"fused"``, SDPA with the position tables and border mask as its bias (CUDA).
 
 Attention with logit tables, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out``
