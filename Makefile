@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check
+.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check triton-side
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -44,19 +44,31 @@ test-multimachine: setup
 test-learning: setup
 	$(PY) -m pytest -q -m learning tests
 
-# Regenerate the model table (params, FLOPs, papers' numbers, demo AP) and the README's results summary of it.
+# Regenerate every generated table of the docs, the model table counted again (tools/update_docs.py).
 docs: setup
-	$(PY) tools/analyze_model.py --all --markdown > docs/model_table.md
-	$(PY) tools/update_readme_table.py
+	$(PY) tools/update_docs.py --model-table
 
 # On a CUDA machine, one report (output/gpu_check/report.md + report.json): pytest -m cuda, every
 # config trained a few iterations in fp32 and bf16, a short demo training with AP, the 640x640
-# benchmarks (-> docs/benchmarks_cuda.json). No package index there: AADET_WHEELHOUSE=DIR
-# AADET_SYSTEM_SITE=1 make gpu-check (DIR from tools/make_wheelhouse.sh; keeps the machine's torch).
-# Pick stages / a smoke run: make gpu-check GPU_CHECK_ARGS="--stages tests configs --quick".
+# benchmarks (-> docs/benchmarks_cuda.json, only from a complete run at the targets' protocol). Exit 0
+# only when every stage ran on CUDA at the clean commit and passed. No package index there:
+# AADET_WHEELHOUSE=DIR AADET_SYSTEM_SITE=1 make gpu-check (DIR from tools/make_wheelhouse.sh), or on a
+# lent machine tools/gpu_loan.sh. Pick stages: make gpu-check GPU_CHECK_ARGS="--stages tests configs".
 GPU_CHECK_ARGS ?=
 gpu-check: setup
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The lent GPU machines' Triton (their triton== line in requirements/gpu-machine-installed.txt) in a
+# side folder beside the venv's own, never imported unless put first on PYTHONPATH:
+# tests/layers/test_triton_versions.py (slow) compiles every kernel for sm_90 with it. CI makes it.
+TRITON_SIDE_VERSION := $(shell sed -n 's/^triton==//p' requirements/gpu-machine-installed.txt)
+TRITON_SIDE ?= .cache/triton$(TRITON_SIDE_VERSION)
+triton-side: $(TRITON_SIDE)/.aadet-done
+
+$(TRITON_SIDE)/.aadet-done: requirements/gpu-machine-installed.txt | setup
+	rm -rf $(TRITON_SIDE)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --target $(TRITON_SIDE) "triton==$(TRITON_SIDE_VERSION)"
+	touch $@
 
 clean-demo:
 	rm -rf $(DEMO_OUT)

@@ -1,27 +1,47 @@
-"""Every config key aadet adds to Detectron2, with its meaning and the papers' default.
+"""Every config key aadet adds to Detectron2, with its meaning and the papers' value.
 
 Call :func:`add_aadet_config` on a Detectron2 ``CfgNode`` before merging one of our YAML files,
-then :func:`validate_aadet_config` once the config is final (``tools/train_net.py`` does both).
+then :func:`validate_aadet_config` once the config is final (``aadet.engine.load_config`` does
+both). Each concern has its own pair of functions below (``add_*_config`` / ``check_*_config``).
+
+One home per fact:
+
+* the keys of a layer's arguments (``MODEL.AA.KAPPA``, ``MODEL.SASA.KERNEL_SIZE``, ...) take
+  their defaults from the layer's signature and are checked with the layer's own rules and
+  ranges (:mod:`aadet.layers`; the implementation routes from its registries), here, naming the
+  key;
+* keys whose allowed values belong to a model builder -- stage names, the SASA stem, the FPN's
+  P6/P7 source, the names in the FPN and head registries, the box-vote threshold -- or to the
+  engine -- ``SOLVER.OPTIMIZER`` (its registry), ``MODEL_EMA.DECAY`` -- are checked by their
+  owner when it maps the config to its arguments (a ``from_config`` or ``build_*`` function),
+  naming the key: this module sits below ``aadet.modeling`` and ``aadet.engine`` and imports
+  neither;
+* the keys no module owns (the data recipe, the schedule, EMA, compile) are defined and checked
+  here.
 
 Papers:
   AA   -- Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019.
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
 """
 import difflib
-from typing import List, Optional
+import inspect
+from typing import Any, Dict, List, Optional
 
 from detectron2.config import CfgNode as CN
-from detectron2.utils.registry import Registry
 
-from .layers import (
-    AA_POSITIONAL_ENCODINGS,
-    LOCAL_ATTENTION_IMPLS,
-    LOGIT_TABLE_IMPLS,
-    SASA_POSITIONAL_ENCODINGS,
-    check_impl,
+from .layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from .layers.augmented_conv import KAPPA_RANGE, NU_RANGE
+from .layers.augmented_conv import POSITIONAL_ENCODINGS as AA_POSITIONAL_ENCODINGS
+from .layers.functional.checks import (
+    Interval,
+    check_in,
+    check_int,
     check_kernel_size,
+    check_one_of,
 )
-from .utils.d2compat import NamedRegistry
+from .layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
+from .layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
+from .layers.local_attention import POSITIONAL_ENCODINGS as SASA_POSITIONAL_ENCODINGS
 
 __all__ = [
     "add_aadet_config",
@@ -31,73 +51,26 @@ __all__ = [
     "config_keys",
     "similar_config_keys",
     "config_error",
-    "check_one_of",
-    "check_subset",
-    "check_aa_config",
-    "check_sasa_config",
-    "STAGE_NAMES",
+    "layer_defaults",
     "NORMS",
-    "P6P7_SOURCES",
-    "SASA_STEMS",
-    "OPTIMIZER_NAMES",
     "COMPILE_MODES",
     "compile_backends",
+    "check_aa_config",
+    "check_sasa_config",
     "check_compile_config",
-    "VOTE_THRESH_ALLOWED",
-    "is_valid_vote_thresh",
-    "FPN_SPATIAL_LAYER_REGISTRY",
-    "RETINANET_HEAD_REGISTRY",
 ]
 
-# The allowed values of aadet's keys that no layer owns (the layers' own lists -- positional
-# encodings, implementations -- are imported above: one definition each).
-STAGE_NAMES = ("res2", "res3", "res4", "res5")  # ResNet stages a key may name
 # Norm names understood by detectron2.layers.get_norm (plus "" for none).
 NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N", "LN")
-P6P7_SOURCES = ("res5", "p5")  # MODEL.FPN.P6P7_SOURCE
-SASA_STEMS = ("conv", "attention")  # MODEL.SASA.STEM
-#: SOLVER.OPTIMIZER; aadet.engine.optimizer.OPTIMIZERS builds each
-#: (tests/engine/test_optimizer.py checks that it has exactly these).
-OPTIMIZER_NAMES = ("SGD", "AdamW")
 #: MODEL.COMPILE.MODE: torch.compile's modes ("default" = torch's mode=None; the others are
 #: Inductor's, tests/engine/test_compile.py checks that torch knows them). MODEL.COMPILE.BACKEND
 #: accepts :func:`compile_backends`.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-#: The allowed IoU thresholds of a box vote (TEST.BBOX_VOTE.VOTE_TH, aadet.modeling.box_voting),
-#: in words (error messages).
-VOTE_THRESH_ALLOWED = "in (0, 1]"
-
-
-def compile_backends() -> List[str]:
-    """The allowed values of MODEL.COMPILE.BACKEND: the backends torch.compile knows
-    (``torch._dynamo.list_backends(exclude_tags=())``: ``inductor``, and the debugging ones such
-    as ``eager`` and ``aot_eager``), but for those of PyTorch's own tests (``*_TESTING_ONLY``)."""
-    import torch._dynamo
-
-    return sorted(b for b in torch._dynamo.list_backends(exclude_tags=()) if not b.endswith("_TESTING_ONLY"))
-
-
-def is_valid_vote_thresh(value) -> bool:
-    """Whether ``value`` is an allowed vote IoU threshold (:data:`VOTE_THRESH_ALLOWED`)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
-
-
-# Keys whose value names an implementation: the config accepts exactly the names registered here.
-# aadet.modeling registers the implementations (importing aadet does), and builds from these.
-FPN_SPATIAL_LAYER_REGISTRY = NamedRegistry("FPN_SPATIAL_LAYER")  # MODEL.FPN.SPATIAL_LAYER
-FPN_SPATIAL_LAYER_REGISTRY.__doc__ = """
-Converters ``fn(fpn: FPN, cfg) -> FPN`` that replace the spatial layers of a built FPN (its 3x3
-output convs and the P6/P7 convs), registered with ``register("<MODEL.FPN.SPATIAL_LAYER value>")``
-(aadet/modeling/backbone/fpn.py, attention_fpn.py). ``validate_aadet_config`` accepts exactly the
-registered names.
-"""
-RETINANET_HEAD_REGISTRY = Registry("RETINANET_HEAD")  # MODEL.RETINANET.HEAD_NAME
-RETINANET_HEAD_REGISTRY.__doc__ = """
-RetinaNet heads, called as ``cls(cfg, feature_shapes)`` (``@configurable`` classes), returning
-per-level ``(logits, bbox_reg)`` lists like Detectron2's ``RetinaNetHead`` (registered in
-aadet/modeling/meta_arch/retinanet.py, attention_head.py). ``validate_aadet_config`` accepts exactly
-the registered names.
-"""
+_UNIT = Interval(0.0, 1.0, low_closed=True, high_closed=True)  # [0, 1]
+_UNIT_OPEN_TOP = Interval(0.0, 1.0, low_closed=True)  # [0, 1)
+_POSITIVE = Interval(0.0)  # > 0
+_AT_LEAST_0 = Interval(0.0, low_closed=True)  # >= 0
+_AT_LEAST_1 = Interval(1.0, low_closed=True)  # >= 1
 
 
 class ConfigValueError(ValueError):
@@ -123,6 +96,12 @@ class UnknownConfigKeyError(KeyError):
         return self.args[0]
 
 
+def config_error(key: str, allowed: str, given) -> ConfigValueError:
+    """The one error of a bad config value: names ``key``, the allowed range and the value (the
+    ``error`` factory of the rules in :mod:`aadet.layers.functional.checks`)."""
+    return ConfigValueError(f"Config key {key} must be {allowed}; got {given!r}.")
+
+
 def config_keys(cfg, prefix: str = "") -> List[str]:
     """Every dotted key of ``cfg``, its sections included (``"MODEL"``, ``"MODEL.SASA"``, ...)."""
     keys = []
@@ -146,216 +125,256 @@ def similar_config_keys(cfg, key: str, n: int = 3) -> List[str]:
     return [keys[k] for k in dict.fromkeys(found)][:n]
 
 
+def layer_defaults(layer) -> Dict[str, Any]:
+    """``{argument: default}`` of ``layer``'s signature: where the keys of its arguments take
+    their defaults (so each default is written once, in the layer)."""
+    return {
+        name: p.default
+        for name, p in inspect.signature(layer).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def compile_backends() -> List[str]:
+    """The allowed values of MODEL.COMPILE.BACKEND: the backends torch.compile knows
+    (``torch._dynamo.list_backends(exclude_tags=())``: ``inductor``, and the debugging ones such
+    as ``eager`` and ``aot_eager``), but for those of PyTorch's own tests (``*_TESTING_ONLY``)."""
+    import torch._dynamo
+
+    return sorted(b for b in torch._dynamo.list_backends(exclude_tags=()) if not b.endswith("_TESTING_ONLY"))
+
+
+# ============================================================================ the keys
 def add_aadet_config(cfg):
-    """Add aadet's keys (with the papers' defaults) to a Detectron2 config, in place."""
-    _C = cfg
+    """Add aadet's keys (with their defaults) to a Detectron2 config, in place."""
+    for add in (
+        add_input_config,
+        add_solver_config,
+        add_test_config,
+        add_resnet_config,
+        add_fpn_and_head_config,
+        add_aa_config,
+        add_sasa_config,
+        add_compile_config,
+        add_datasets_config,
+    ):
+        add(cfg)
+    return cfg
 
-    # ---------------------------------------------------------------- data recipe (both papers)
-    # Training augmentation of the AA/SASA RetinaNet recipe (AA appendix A.1): resize so that the
-    # longer side is uniform in LONG_SIDE_RANGE, crop to at most CROP_SIZE x CROP_SIZE (padding to
-    # it), horizontal flip with FLIP_PROB. Implemented with Detectron2's ResizeScale,
-    # FixedSizeCrop and RandomFlip. When disabled, Detectron2's INPUT.MIN_SIZE_TRAIN path is used.
-    _C.INPUT.SCALE_JITTER = CN()
-    _C.INPUT.SCALE_JITTER.ENABLED = True  # paper: on
-    _C.INPUT.SCALE_JITTER.LONG_SIDE_RANGE = (512, 768)  # paper: [512, 768] pixels
-    _C.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
-    _C.INPUT.SCALE_JITTER.FLIP_PROB = 0.5  # paper: 0.5. 1.0 mirrors every image (tree demo: its val
-    # image faces the other way, README "What the demo measured")
-    _C.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
+
+def add_input_config(cfg):
+    """``INPUT.*``: the training augmentation of the AA/SASA RetinaNet recipe
+    (:mod:`aadet.data.augmentation`)."""
+    # AA appendix A.1: resize so that the longer side is uniform in LONG_SIDE_RANGE, crop to at
+    # most CROP_SIZE x CROP_SIZE (padding to it), horizontal flip with FLIP_PROB. Detectron2's
+    # ResizeScale, FixedSizeCrop and RandomFlip. Disabled: Detectron2's INPUT.MIN_SIZE_TRAIN path.
+    cfg.INPUT.SCALE_JITTER = CN()
+    cfg.INPUT.SCALE_JITTER.ENABLED = True  # paper: on
+    cfg.INPUT.SCALE_JITTER.LONG_SIDE_RANGE = (512, 768)  # paper: [512, 768] pixels
+    cfg.INPUT.SCALE_JITTER.CROP_SIZE = 640  # paper: 640 (crop to at most 640x640, pad to it)
+    # Paper: 0.5. 1.0 mirrors every image (the tree demo: its val image faces the other way).
+    cfg.INPUT.SCALE_JITTER.FLIP_PROB = 0.5
+    cfg.INPUT.SCALE_JITTER.PAD_VALUE = 128.0  # value of padded pixels (0-255, before normalization)
     # Photometric jitter (Detectron2's RandomBrightness / RandomContrast: factors drawn uniformly
-    # from the ranges). NOT part of the papers' recipe, so off by default; the tree-crown demo turns
-    # it on, because it trains on one aerial image and validates on another with other lighting.
-    _C.INPUT.PHOTOMETRIC = CN()
-    _C.INPUT.PHOTOMETRIC.ENABLED = False
-    _C.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.75, 1.25)
-    _C.INPUT.PHOTOMETRIC.CONTRAST = (0.75, 1.25)
+    # from the ranges). Not in the papers' recipe, so off; the tree-crown demo turns it on (it
+    # trains on one aerial image and validates on another, with other lighting).
+    cfg.INPUT.PHOTOMETRIC = CN()
+    cfg.INPUT.PHOTOMETRIC.ENABLED = False
+    cfg.INPUT.PHOTOMETRIC.BRIGHTNESS = (0.75, 1.25)
+    cfg.INPUT.PHOTOMETRIC.CONTRAST = (0.75, 1.25)
 
-    # ---------------------------------------------------------------- epoch-based schedule
-    # When EPOCHS > 0, SOLVER.MAX_ITER and SOLVER.STEPS are computed at start from the number of
-    # training images and SOLVER.IMS_PER_BATCH: MAX_ITER = ceil(EPOCHS * images / batch), and
-    # STEPS from STEPS_EPOCHS likewise. EPOCHS = 0 keeps the iteration keys as given.
-    _C.SOLVER.EPOCHS = 0  # papers: 150 epochs from scratch
-    _C.SOLVER.STEPS_EPOCHS = ()  # LR decay points in epochs; RetinaNet recipe: 2/3, 8/9 -> (100, 133)
-    _C.SOLVER.WARMUP_EPOCHS = 0.0  # if > 0, overrides SOLVER.WARMUP_ITERS
 
-    # Optimizer (OPTIMIZER_NAMES, built by aadet.engine.optimizer): "SGD" (papers' recipe;
-    # Detectron2's, with SOLVER.MOMENTUM / NESTEROV) or "AdamW" (SOLVER.ADAMW_BETAS; decoupled
-    # SOLVER.WEIGHT_DECAY).
-    # Both use Detectron2's parameter groups, LR schedule and gradient clipping.
-    _C.SOLVER.OPTIMIZER = "SGD"
-    _C.SOLVER.ADAMW_BETAS = (0.9, 0.999)  # AdamW's (beta1, beta2), each in [0, 1)
-
-    # Keep the checkpoint with the best value of this metric (from the periodic evaluation);
-    # "" disables it. Written as model_best.pth next to the periodic checkpoints.
-    _C.SOLVER.BEST_CHECKPOINT_METRIC = "bbox/AP"
+def add_solver_config(cfg):
+    """``SOLVER.*`` (epoch schedule, optimizer, checkpoints, logging) and ``MODEL_EMA.*``."""
+    # Epoch-based schedule (aadet.engine.schedule): when EPOCHS > 0, SOLVER.MAX_ITER and
+    # SOLVER.STEPS are computed at start from the number of training images and
+    # SOLVER.IMS_PER_BATCH: MAX_ITER = ceil(EPOCHS * images / batch), STEPS from STEPS_EPOCHS
+    # likewise. EPOCHS = 0 keeps the iteration keys as given.
+    cfg.SOLVER.EPOCHS = 0  # papers: 150 epochs from scratch
+    cfg.SOLVER.STEPS_EPOCHS = ()  # LR decay points in epochs; RetinaNet recipe: (100, 133) of 150
+    cfg.SOLVER.WARMUP_EPOCHS = 0.0  # if > 0, overrides SOLVER.WARMUP_ITERS
+    # Optimizer, a name in aadet.engine.optimizer.OPTIMIZERS: "SGD" (papers' recipe; Detectron2's,
+    # with SOLVER.MOMENTUM / NESTEROV) or "AdamW" (SOLVER.ADAMW_BETAS; decoupled
+    # SOLVER.WEIGHT_DECAY). Both use Detectron2's parameter groups, LR schedule and clipping.
+    cfg.SOLVER.OPTIMIZER = "SGD"
+    cfg.SOLVER.ADAMW_BETAS = (0.9, 0.999)  # AdamW's (beta1, beta2), each in [0, 1)
+    # Keep the checkpoint with the best value of this metric (from the periodic evaluation) as
+    # model_best.pth next to the periodic checkpoints; "" disables it.
+    cfg.SOLVER.BEST_CHECKPOINT_METRIC = "bbox/AP"
     # Iterations between metric writes (console, metrics.json, TensorBoard), and the smoothing
     # window of metrics.json. Detectron2 hard-codes 20; 1 records every iteration's raw losses.
-    _C.SOLVER.LOG_PERIOD = 20
+    cfg.SOLVER.LOG_PERIOD = 20
+    # Exponential moving average of the weights (aadet.engine.ema.ModelEMA), used for every
+    # evaluation when ENABLED: the periodic and final ones in training, --eval-only, the predictor
+    # and the tools built on it (demo, visualization, export) -- they load checkpoint["model_ema"].
+    # Training is unchanged. Not in the papers, so off. The decay of update t is
+    # min(DECAY, (1 + t) / (10 + t)) (TensorFlow's num_updates warm-up): in runs shorter than
+    # ~(10 DECAY - 1) / (1 - DECAY) updates (4490 for 0.998) the warm-up term sets it.
+    cfg.MODEL_EMA = CN()
+    cfg.MODEL_EMA.ENABLED = False
+    cfg.MODEL_EMA.DECAY = 0.998  # the average spans ~1 / (1 - DECAY) iterations (ema.DECAY_RANGE)
+
+
+def add_test_config(cfg):
+    """``TEST.*``: attention statistics in training, box voting at inference."""
     # Iterations between attention statistics in the training metrics (aadet.engine.hooks.
     # AttentionStatsHook): per attention layer, attn/<layer>/perplexity (effective number of keys
     # attended, on the first image of that iteration's batch) and keys (number available), and
     # attn/<layer>/{rel,rel_h,rel_w,query,value}_grad_ratio (||grad|| / ||weight||). Also at the
-    # last iteration. 0 = off (default; not part of the papers' recipe).
-    _C.TEST.ATTENTION_STATS_PERIOD = 0
-    # Exponential moving average of the weights (aadet.engine.ema.ModelEMA), used for every
-    # evaluation when ENABLED: the periodic and final ones in training, --eval-only, the predictor
-    # and the tools built on it (demo, visualization, export) -- they load checkpoint["model_ema"].
-    # Training is unchanged. Not in the papers, so off by default (on the conv tree-crown demo it
-    # gave +0.3 AP50: its LR decay already settles the weights; README "What the demo measured").
-    # The decay of update t is min(DECAY, (1 + t) / (10 + t)) (TensorFlow's num_updates warm-up):
-    # in runs shorter than ~(10 DECAY - 1) / (1 - DECAY) updates (4490 for 0.998) the warm-up term
-    # sets it, averaging roughly the last tenth of training.
+    # last iteration. 0 = off (not part of the papers' recipe).
+    cfg.TEST.ATTENTION_STATS_PERIOD = 0
     # Box voting at inference (aadet.modeling.box_voting; Detectron's TEST.BBOX_VOTE, scoring "ID"):
     # each box NMS keeps becomes the score-weighted mean of the pre-NMS boxes of its class with IoU
     # >= VOTE_TH with it (itself included); scores unchanged. Applies wherever the model infers
-    # (evaluation, TTA's merge, the predictor, exports). Not in the papers, so off by default.
-    _C.TEST.BBOX_VOTE = CN()
-    _C.TEST.BBOX_VOTE.ENABLED = False
-    _C.TEST.BBOX_VOTE.VOTE_TH = 0.8  # in (0, 1]; Detectron's default
-    _C.MODEL_EMA = CN()
-    _C.MODEL_EMA.ENABLED = False
-    _C.MODEL_EMA.DECAY = 0.998  # in [0, 1); the average spans ~1 / (1 - DECAY) iterations
+    # (evaluation, TTA's merge, the predictor, exports). Not in the papers, so off.
+    cfg.TEST.BBOX_VOTE = CN()
+    cfg.TEST.BBOX_VOTE.ENABLED = False
+    cfg.TEST.BBOX_VOTE.VOTE_TH = 0.8  # Detectron's default; range: box_voting.VOTE_THRESH_RANGE
 
-    # ---------------------------------------------------------------- ResNet
-    # Zero-initialise the scale of the last norm in every residual block (conv, AA and SASA
-    # ResNets built by aadet), so each block starts as the identity (Goyal et al. 2017; the TF-TPU
-    # ResNet of the papers' codebase does it, Detectron2 does not: its ResNet notes that it hurt GN
-    # models trained from scratch). Needs a norm with a learned scale. False = Detectron2's init.
-    _C.MODEL.RESNETS.ZERO_INIT_RESIDUAL = False
 
-    # ---------------------------------------------------------------- RetinaNet / FPN
+def add_resnet_config(cfg):
+    """``MODEL.RESNETS.*`` keys aadet adds to Detectron2's ResNet (all its ResNets use them)."""
+    # Zero-initialise the scale of the last norm in every residual block, so each block starts
+    # as the identity (Goyal et al. 2017; the TF-TPU ResNet of the papers' codebase does it,
+    # Detectron2 does not: its ResNet notes that it hurt GN models trained from scratch). Needs a
+    # norm with a learned scale. False = Detectron2's init.
+    cfg.MODEL.RESNETS.ZERO_INIT_RESIDUAL = False
+
+
+def add_fpn_and_head_config(cfg):
+    """``MODEL.FPN.*`` and ``MODEL.RETINANET.*`` keys of RetinaNet's FPN and head
+    (:mod:`aadet.modeling.backbone.fpn`, :mod:`aadet.modeling.meta_arch.retinanet`)."""
     # Where FPN's P6/P7 come from: "res5" (Detectron2's RetinaNet) or "p5" (the RetinaNet of the
     # AA paper's codebase, TF-TPU RetinaNet).
-    _C.MODEL.FPN.P6P7_SOURCE = "p5"
-    # Which layer makes FPN's output (3x3 after the merge) and P6/P7 (stride-2 3x3): a name in
-    # FPN_SPATIAL_LAYER_REGISTRY (above; filled by aadet/modeling/backbone/): "conv" (Detectron2's
-    # FPN) or "attention" (SASA's attentional FPN, uses MODEL.SASA.* for the attention layers).
-    _C.MODEL.FPN.SPATIAL_LAYER = "conv"
-    # With SPATIAL_LAYER "attention": also make P6/P7's stride-2 3x3 convs local attention. Off by
-    # default: with it the all-attention RetinaNet has 1.2M fewer params than SASA's Table 2
-    # (22.0M); without it we are within 0.35M (see aadet/modeling/backbone/attention_fpn.py).
-    _C.MODEL.FPN.ATTENTION_TOP_BLOCK = False
-    # The RetinaNet head, from aadet's RETINANET_HEAD_REGISTRY: "RetinaNetHead" (Detectron2's) or
+    cfg.MODEL.FPN.P6P7_SOURCE = "p5"
+    # What makes the FPN's outputs (3x3 after the merge) and P6/P7 (stride-2 3x3): a name in
+    # FPN_SPATIAL_LAYER_REGISTRY: "conv" (Detectron2's FPN) or "attention" (SASA's attentional
+    # FPN, with MODEL.SASA.*'s layer options).
+    cfg.MODEL.FPN.SPATIAL_LAYER = "conv"
+    # With SPATIAL_LAYER "attention": also make P6/P7's stride-2 3x3 convs local attention. Off:
+    # with it the all-attention RetinaNet has 1.2M fewer params than SASA's Table 2 (22.0M);
+    # without it we are within 0.35M (aadet/modeling/backbone/attention_fpn.py).
+    cfg.MODEL.FPN.ATTENTION_TOP_BLOCK = False
+    # The RetinaNet head, a name in RETINANET_HEAD_REGISTRY: "RetinaNetHead" (Detectron2's) or
     # "AttentionRetinaNetHead" (SASA: the towers' 3x3 convs are local attention).
-    _C.MODEL.RETINANET.HEAD_NAME = "RetinaNetHead"
+    cfg.MODEL.RETINANET.HEAD_NAME = "RetinaNetHead"
 
-    # ---------------------------------------------------------------- Attention Augmentation (AA)
-    _C.MODEL.AA = CN()
+
+def add_aa_config(cfg):
+    """``MODEL.AA.*``: the Attention Augmented ResNet (:mod:`aadet.modeling.backbone.aa_resnet`)."""
+    layer = layer_defaults(AugmentedConv2d)  # the layer keys' defaults: the layer's own
+    aa = cfg.MODEL.AA = CN()
     # Stages whose 3x3 convolutions are augmented (paper: res3, res4, res5 = 28/14/7 on ImageNet).
-    _C.MODEL.AA.STAGES = ("res3", "res4", "res5")
+    aa.STAGES = ("res3", "res4", "res5")
     # kappa = dk / Fout and nu = dv / Fout (paper: kappa = 2 nu = 0.2; ResNet-34 uses 0.25/0.25).
     # dk and dv are rounded to the nearest multiple of NUM_HEADS (at least NUM_HEADS).
-    _C.MODEL.AA.KAPPA = 0.2
-    _C.MODEL.AA.NU = 0.1
-    _C.MODEL.AA.NUM_HEADS = 8  # paper: 8
-    # aadet.layers.AA_POSITIONAL_ENCODINGS: "relative" (paper), "none", "sine2d", "coordconv"
-    # (paper's ablation, Tables 6-7).
-    _C.MODEL.AA.POSITIONAL_ENCODING = "relative"
+    aa.KAPPA = layer["kappa"]
+    aa.NU = layer["nu"]
+    aa.NUM_HEADS = layer["num_heads"]  # paper: 8
+    # A name in aadet.layers.AA_POSITIONAL_ENCODINGS: "relative" (paper), or the ablations of its
+    # Tables 6-7.
+    aa.POSITIONAL_ENCODING = layer["positional_encoding"]
     # Stages where attention runs on a 3x3/2 average-pooled input, bilinearly upsampled back
     # (paper: only the first augmented stage). () = full resolution everywhere.
-    _C.MODEL.AA.DOWNSAMPLE_STAGES = ("res3",)
+    aa.DOWNSAMPLE_STAGES = ("res3",)
     # Largest input side (pixels, after padding) the relative tables must cover: each layer holds
     # tables of 2 * ceil(MAX_INPUT_SIZE / stride) - 1 rows. A larger feature map is an error
     # unless CLIP_DISTANCES, which clips relative distances to the table (as in Shaw et al.).
-    _C.MODEL.AA.MAX_INPUT_SIZE = 1024
-    _C.MODEL.AA.CLIP_DISTANCES = False
+    aa.MAX_INPUT_SIZE = 1024
+    aa.CLIP_DISTANCES = layer["clip_distances"]
     # Minimum key depth per head: dk = max(rounded kappa * Fout, MIN_DK_PER_HEAD * NUM_HEADS).
     # The paper states 20 for its CIFAR models, and its ImageNet parameter counts (Table 2, and
     # Table 9's per-layer numbers) only come out with 20; its COCO RetinaNet counts (Table 4:
     # 33.4M -> 33.1M, i.e. fewer params) come out without it. Detection configs use 1.
-    _C.MODEL.AA.MIN_DK_PER_HEAD = 1
-    # How the global attention is computed (aadet.layers.LOGIT_TABLE_IMPLS; all exact, only
-    # speed/memory differ): "fused" (relative logits folded into the dot product through SDPA:
-    # the head widens by H + W), "materialized" (explicit float32 logits), "triton" (flash
-    # attention with the row/column tables added in the kernel; CUDA), "flex" (flex_attention
-    # score_mod; backward on CUDA only), "cpp" (a C++ kernel with the tables added in the
-    # softmax; CPU), or "auto": "cpp" on CPU where it builds, "fused" on CUDA, "materialized"
-    # for float64 and while exporting. Paper: not applicable (its TF code materializes the logits).
-    _C.MODEL.AA.IMPL = "auto"
+    aa.MIN_DK_PER_HEAD = layer["min_dk_per_head"]
+    # How the global attention is computed: "auto" (aadet.layers.functional.logit_tables.
+    # auto_logit_table_impl) or a route of LOGIT_TABLE_BACKENDS there (all exact, only speed and
+    # memory differ; each route with its summary). Paper: its TF code materializes the logits.
+    aa.IMPL = layer["impl"]
 
-    # ---------------------------------------------------------------- Stand-Alone Self-Attention
-    _C.MODEL.SASA = CN()
-    _C.MODEL.SASA.KERNEL_SIZE = 7  # spatial extent k (paper: 7), odd
-    _C.MODEL.SASA.NUM_HEADS = 8  # paper: 8
-    # aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine encoding,
-    # as MODEL.AA's), "none": paper Table 5.
-    _C.MODEL.SASA.POSITIONAL_ENCODING = "relative"
+
+def add_sasa_config(cfg):
+    """``MODEL.SASA.*``: the SASA-ResNet, attentional FPN and head
+    (:mod:`aadet.modeling.backbone.sasa_resnet`)."""
+    layer = layer_defaults(LocalSelfAttention2d)  # the layer keys' defaults: the layers' own
+    stem = layer_defaults(SpatiallyAwareAttentionStem)
+    sa = cfg.MODEL.SASA = CN()
+    sa.KERNEL_SIZE = layer["kernel_size"]  # spatial extent k, odd (paper: 7)
+    sa.NUM_HEADS = layer["num_heads"]  # paper: 8
+    # A name in aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine
+    # encoding, as MODEL.AA's), "none": paper Table 5.
+    sa.POSITIONAL_ENCODING = layer["positional_encoding"]
     # Stages whose spatial (3x3) convolution is replaced by local attention. Paper Table 1/2:
     # all four; Table 3 explores e.g. ("res4", "res5").
-    _C.MODEL.SASA.STAGES = ("res2", "res3", "res4", "res5")
-    # Stem: "conv" (ResNet 7x7/2 + maxpool) or "attention" (spatially-aware attention stem).
-    _C.MODEL.SASA.STEM = "conv"
+    sa.STAGES = ("res2", "res3", "res4", "res5")
+    # Stem: "conv" (ResNet 7x7/2 + maxpool) or "attention" (the spatially-aware attention stem).
+    sa.STEM = "conv"
     # Attention stem (paper Section 3.2; its appendix with the exact values is not public):
-    _C.MODEL.SASA.STEM_MIXTURES = 4  # m value matrices mixed per position
-    _C.MODEL.SASA.STEM_NUM_HEADS = 1  # heads of the stem attention
-    _C.MODEL.SASA.STEM_BLOCK_SIZE = 4  # attention within each 4x4 block, then 4x4 max pooling
-    # How local attention is computed (aadet.layers.LOCAL_ATTENTION_IMPLS; all exact, only
-    # speed/memory differ, BENCHMARKS.md):
-    # "cpp" (C++ kernel, one pass over the window per query row, stores the [k^2, H, W] attention
-    # matrix; the fastest on CPU, compiled by `make setup`), "neighborhood" (window offsets one at
-    # a time, same storage; pure PyTorch), "fused" (blocked with halos through a fused SDPA kernel,
-    # never stores the attention matrix), "materialized" (blocked, explicit float32 softmax),
-    # "triton" (fused Triton kernels, q.r in-kernel, stores out + logsumexp only; CUDA), or
-    # "auto": "fused" on CUDA, "cpp" on CPU ("neighborhood" where the C++ kernel does not build),
-    # "materialized" while exporting.
-    _C.MODEL.SASA.IMPL = "auto"
+    sa.STEM_MIXTURES = stem["num_mixtures"]  # m value matrices mixed per position (paper: 4)
+    sa.STEM_NUM_HEADS = stem["num_heads"]  # heads of the stem attention
+    sa.STEM_BLOCK_SIZE = stem["block_size"]  # attention in b x b blocks, b x b max pooling (paper: 4)
+    # How local attention is computed: "auto" (aadet.layers.functional.local_attention.
+    # auto_local_attention_impl) or a route of LOCAL_ATTENTION_BACKENDS there (all exact, only
+    # speed and memory differ; each route with its summary).
+    sa.IMPL = layer["impl"]
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
-    _C.MODEL.SASA.BLOCK_SIZE = 8
+    sa.BLOCK_SIZE = layer["block_size"]
 
-    # ---------------------------------------------------------------- compiled models
-    # Run the model through torch.compile in tools/train_net.py's training and evaluation
-    # (--compile sets ENABLED; aadet.engine.compile.maybe_compile): nn.Module.compile in place,
-    # so checkpoints keep their keys and load into uncompiled models. Not in the papers, and the
-    # first iterations (and the first evaluation) pay the compile time, so off by default. A
-    # backend that cannot run here (Inductor without a C++ compiler on CPU, or without Triton on
-    # CUDA) stops the build with an error naming ENABLED. The predictor, demo, visualization and
-    # export tools run uncompiled.
-    _C.MODEL.COMPILE = CN()
-    _C.MODEL.COMPILE.ENABLED = False
-    _C.MODEL.COMPILE.BACKEND = "inductor"  # torch.compile's backend (config.compile_backends())
+
+def add_compile_config(cfg):
+    """``MODEL.COMPILE.*``: running the model through ``torch.compile`` (:mod:`aadet.engine.compile`)."""
+    # In tools/train_net.py's training and evaluation (--compile sets ENABLED): nn.Module.compile
+    # in place, so checkpoints keep their keys and load into uncompiled models. Not in the papers,
+    # and the first iterations (and the first evaluation) pay the compile time, so off. A backend
+    # that cannot run here (Inductor without a C++ compiler on CPU, or without Triton on CUDA)
+    # stops the build with an error naming ENABLED. The predictor, demo, visualization and export
+    # tools run uncompiled.
+    c = cfg.MODEL.COMPILE = CN()
+    c.ENABLED = False
+    c.BACKEND = "inductor"  # torch.compile's backend (compile_backends())
     # torch.compile's mode (COMPILE_MODES): "default", "reduce-overhead" (CUDA graphs),
     # "max-autotune", "max-autotune-no-cudagraphs"; Inductor's, other backends ignore it.
-    _C.MODEL.COMPILE.MODE = "default"
+    c.MODE = "default"
     # torch.compile's dynamic: compile shape-generic graphs from the start. Detection shapes
     # change every iteration (the number of boxes per image; the image size in evaluation and
     # without SCALE_JITTER), and a graph per shape would recompile most iterations. False: static
     # graphs, one per shape, up to torch._dynamo.config.recompile_limit per frame (then eager).
-    _C.MODEL.COMPILE.DYNAMIC = True
+    c.DYNAMIC = True
 
-    # ---------------------------------------------------------------- your own data
+
+def add_datasets_config(cfg):
+    """``DATASETS.REGISTER_COCO``: your own data, named in the config alone."""
     # COCO-format detection datasets to register by name before DATASETS.TRAIN / DATASETS.TEST are
-    # read, so a config alone trains on your data: a list of [name, json_file, image_root]
-    # triples (paths absolute or relative to the working directory), e.g.
+    # read: a list of [name, json_file, image_root] triples (paths absolute or relative to the
+    # working directory), e.g.
     #   REGISTER_COCO: [["cells_train", "cells/train.json", "cells/images"],
     #                   ["cells_val", "cells/val.json", "cells/images"]]
     # or on the command line: DATASETS.REGISTER_COCO "[['cells_train', 'a.json', 'img']]".
     # Checked and registered by aadet.data.datasets.register_coco_from_config (called by
     # aadet.engine.load_config): a missing file, a name registered with other paths or an entry
     # that is not a triple of strings stops with an error naming the entry. () = none.
-    _C.DATASETS.REGISTER_COCO = ()
+    cfg.DATASETS.REGISTER_COCO = ()
+
+
+# ============================================================================ the checks
+def validate_aadet_config(cfg):
+    """Check the keys this module owns and the layer keys (see the module docstring for the keys
+    the model builders and the engine check when they map them).
+
+    Raises:
+        ConfigValueError: naming the key, the allowed range and the given value.
+    """
+    for check in (
+        check_norm_config,
+        check_input_config,
+        check_solver_config,
+        check_test_config,
+        check_compile_config,
+        check_aa_config,
+        check_sasa_config,
+    ):
+        check(cfg)
     return cfg
-
-
-def config_error(key: str, allowed: str, given) -> ConfigValueError:
-    """The one error of a bad config value: names ``key``, the allowed range and the value."""
-    return ConfigValueError(f"Config key {key} must be {allowed}; got {given!r}.")
-
-
-def check_one_of(key: str, value, allowed, note: str = ""):
-    """Raise :class:`ConfigValueError` unless ``value in allowed``."""
-    if value not in allowed:
-        raise config_error(key, f"one of {tuple(allowed)}{note}", value)
-
-
-def check_subset(key: str, values, allowed):
-    """Raise :class:`ConfigValueError` unless every element of ``values`` is in ``allowed``."""
-    if any(v not in allowed for v in values):
-        raise config_error(key, f"a subset of {tuple(allowed)}", tuple(values))
-
-
-def _check_min(key: str, value, minimum):
-    if value < minimum:
-        raise config_error(key, f">= {minimum}", value)
 
 
 def _check_range_pair(key: str, value):
@@ -364,92 +383,29 @@ def _check_range_pair(key: str, value):
         raise config_error(key, "(min, max) with 0 < min <= max", lo_hi)
 
 
-def check_aa_config(cfg):
-    """Check the ``MODEL.AA.*`` keys (called by :func:`validate_aadet_config` and by the AA-ResNet
-    builder, so a backbone built without validation fails the same way)."""
-    aa = cfg.MODEL.AA
-    check_subset("MODEL.AA.STAGES", aa.STAGES, STAGE_NAMES)
-    check_subset("MODEL.AA.DOWNSAMPLE_STAGES", aa.DOWNSAMPLE_STAGES, STAGE_NAMES)
-    if not 0.0 < aa.KAPPA <= 1.0:
-        raise config_error("MODEL.AA.KAPPA", "in (0, 1]", aa.KAPPA)
-    if not 0.0 < aa.NU < 1.0:
-        raise config_error("MODEL.AA.NU", "in (0, 1) (dv < Fout: some conv channels remain)", aa.NU)
-    _check_min("MODEL.AA.NUM_HEADS", aa.NUM_HEADS, 1)
-    check_one_of("MODEL.AA.POSITIONAL_ENCODING", aa.POSITIONAL_ENCODING, AA_POSITIONAL_ENCODINGS)
-    if aa.MAX_INPUT_SIZE <= 0:
-        raise config_error("MODEL.AA.MAX_INPUT_SIZE", "> 0", aa.MAX_INPUT_SIZE)
-    _check_min("MODEL.AA.MIN_DK_PER_HEAD", aa.MIN_DK_PER_HEAD, 1)
-    check_impl(aa.IMPL, LOGIT_TABLE_IMPLS, name="MODEL.AA.IMPL", error=config_error)
-
-
-def check_sasa_config(cfg):
-    """Check the ``MODEL.SASA.*`` keys (called by :func:`validate_aadet_config`, the SASA-ResNet
-    builder and :func:`aadet.modeling.attention_layers.sasa_layer_kwargs`)."""
-    sa = cfg.MODEL.SASA
-    check_subset("MODEL.SASA.STAGES", sa.STAGES, STAGE_NAMES)
-    check_kernel_size(sa.KERNEL_SIZE, name="MODEL.SASA.KERNEL_SIZE", error=config_error)
-    _check_min("MODEL.SASA.NUM_HEADS", sa.NUM_HEADS, 1)
-    check_one_of("MODEL.SASA.POSITIONAL_ENCODING", sa.POSITIONAL_ENCODING, SASA_POSITIONAL_ENCODINGS)
-    check_one_of("MODEL.SASA.STEM", sa.STEM, SASA_STEMS)
-    _check_min("MODEL.SASA.STEM_MIXTURES", sa.STEM_MIXTURES, 1)
-    _check_min("MODEL.SASA.STEM_NUM_HEADS", sa.STEM_NUM_HEADS, 1)
-    _check_min("MODEL.SASA.STEM_BLOCK_SIZE", sa.STEM_BLOCK_SIZE, 1)
-    _check_min("MODEL.SASA.BLOCK_SIZE", sa.BLOCK_SIZE, 1)
-    check_impl(sa.IMPL, LOCAL_ATTENTION_IMPLS, name="MODEL.SASA.IMPL", error=config_error)
-
-
-def check_compile_config(cfg):
-    """Check the ``MODEL.COMPILE.*`` keys (called by :func:`validate_aadet_config`), whether or
-    not compiling is enabled. Whether the backend can run on this machine is checked when the
-    model is compiled (:func:`aadet.engine.compile.maybe_compile`)."""
-    c = cfg.MODEL.COMPILE
-    check_one_of(
-        "MODEL.COMPILE.BACKEND", c.BACKEND, compile_backends(),
-        " (torch.compile's backends: aadet.config.compile_backends())",
-    )
-    check_one_of("MODEL.COMPILE.MODE", c.MODE, COMPILE_MODES)
-
-
-def _check_fpn_and_head(cfg):
-    # The registries are filled when aadet.modeling is imported (aadet/__init__.py does).
-    check_one_of("MODEL.FPN.P6P7_SOURCE", cfg.MODEL.FPN.P6P7_SOURCE, P6P7_SOURCES)
-    check_one_of(
-        "MODEL.FPN.SPATIAL_LAYER",
-        cfg.MODEL.FPN.SPATIAL_LAYER,
-        sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY),
-        " (names in FPN_SPATIAL_LAYER_REGISTRY)",
-    )
-    check_one_of(
-        "MODEL.RETINANET.HEAD_NAME",
-        cfg.MODEL.RETINANET.HEAD_NAME,
-        sorted(name for name, _ in RETINANET_HEAD_REGISTRY),
-        " (names in RETINANET_HEAD_REGISTRY)",
-    )
-
-
-def validate_aadet_config(cfg):
-    """Check every aadet key (and the Detectron2 keys our recipe relies on): the one place where
-    allowed ranges are checked; backbones call its ``check_*`` helpers for their keys.
-
-    Raises:
-        ConfigValueError: naming the key, the allowed range and the given value.
-    """
+def check_norm_config(cfg):
+    """The Detectron2 norm keys our recipe relies on are names ``get_norm`` knows."""
     for key in ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.RETINANET.NORM"):
         node = cfg
         for name in key.split("."):
             node = node.get(name) if hasattr(node, "get") else None
         if node is not None:
-            check_one_of(key, node, NORMS)
+            check_one_of(node, NORMS, key, config_error)
 
+
+def check_input_config(cfg):
+    """``INPUT.SCALE_JITTER.*`` and ``INPUT.PHOTOMETRIC.*``."""
     sj = cfg.INPUT.SCALE_JITTER
     _check_range_pair("INPUT.SCALE_JITTER.LONG_SIDE_RANGE", sj.LONG_SIDE_RANGE)
-    if int(sj.CROP_SIZE) <= 0:
-        raise config_error("INPUT.SCALE_JITTER.CROP_SIZE", "> 0", sj.CROP_SIZE)
-    if not 0.0 <= float(sj.FLIP_PROB) <= 1.0:
-        raise config_error("INPUT.SCALE_JITTER.FLIP_PROB", "in [0, 1]", sj.FLIP_PROB)
+    check_in(sj.CROP_SIZE, _POSITIVE, "INPUT.SCALE_JITTER.CROP_SIZE", config_error)
+    check_in(sj.FLIP_PROB, _UNIT, "INPUT.SCALE_JITTER.FLIP_PROB", config_error)
     for key in ("BRIGHTNESS", "CONTRAST"):
         _check_range_pair(f"INPUT.PHOTOMETRIC.{key}", cfg.INPUT.PHOTOMETRIC[key])
 
+
+def check_solver_config(cfg):
+    """``SOLVER.*`` aadet adds or relies on (``MODEL_EMA.DECAY``'s range is the EMA's:
+    :func:`aadet.engine.ema.build_model_ema` checks it)."""
     s = cfg.SOLVER
     if s.EPOCHS < 0:
         raise config_error("SOLVER.EPOCHS", ">= 0 (0 = use SOLVER.MAX_ITER)", s.EPOCHS)
@@ -459,28 +415,58 @@ def validate_aadet_config(cfg):
         raise config_error(
             "SOLVER.STEPS_EPOCHS", f"values in (0, SOLVER.EPOCHS={s.EPOCHS}]", tuple(s.STEPS_EPOCHS)
         )
-    _check_min("SOLVER.LOG_PERIOD", s.LOG_PERIOD, 1)
-    check_one_of("SOLVER.OPTIMIZER", s.OPTIMIZER, OPTIMIZER_NAMES)
-    if len(s.ADAMW_BETAS) != 2 or not all(0.0 <= float(b) < 1.0 for b in s.ADAMW_BETAS):
-        raise config_error("SOLVER.ADAMW_BETAS", "two values in [0, 1)", tuple(s.ADAMW_BETAS))
-    _check_min("TEST.ATTENTION_STATS_PERIOD", cfg.TEST.ATTENTION_STATS_PERIOD, 0)
-    if not 0.0 <= float(cfg.MODEL_EMA.DECAY) < 1.0:
-        raise config_error("MODEL_EMA.DECAY", "in [0, 1)", cfg.MODEL_EMA.DECAY)
-    if not is_valid_vote_thresh(cfg.TEST.BBOX_VOTE.VOTE_TH):
-        raise config_error("TEST.BBOX_VOTE.VOTE_TH", VOTE_THRESH_ALLOWED, cfg.TEST.BBOX_VOTE.VOTE_TH)
-    aug = cfg.TEST.AUG  # Detectron2's keys; aadet.modeling.RetinaNetWithTTA reads them
+    check_in(s.WARMUP_EPOCHS, _AT_LEAST_0, "SOLVER.WARMUP_EPOCHS", config_error)
+    if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
+        raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)
+    check_in(s.LOG_PERIOD, _AT_LEAST_1, "SOLVER.LOG_PERIOD", config_error)
+    if len(s.ADAMW_BETAS) != 2 or not all(float(b) in _UNIT_OPEN_TOP for b in s.ADAMW_BETAS):
+        raise config_error("SOLVER.ADAMW_BETAS", f"two values {_UNIT_OPEN_TOP}", tuple(s.ADAMW_BETAS))
+
+
+def check_test_config(cfg):
+    """``TEST.ATTENTION_STATS_PERIOD`` and Detectron2's ``TEST.AUG`` (read by
+    :class:`aadet.modeling.RetinaNetWithTTA`)."""
+    check_in(cfg.TEST.ATTENTION_STATS_PERIOD, _AT_LEAST_0, "TEST.ATTENTION_STATS_PERIOD", config_error)
+    aug = cfg.TEST.AUG
     if aug.ENABLED:
         if not len(aug.MIN_SIZES) or any(int(m) <= 0 for m in aug.MIN_SIZES):
             raise config_error(
                 "TEST.AUG.MIN_SIZES", "one or more sizes > 0 when TEST.AUG.ENABLED", tuple(aug.MIN_SIZES)
             )
-        _check_min("TEST.AUG.MAX_SIZE", aug.MAX_SIZE, 1)
-    _check_min("SOLVER.WARMUP_EPOCHS", s.WARMUP_EPOCHS, 0)
-    if s.EPOCHS <= 0 and s.MAX_ITER <= 0:
-        raise config_error("SOLVER.MAX_ITER", "> 0 when SOLVER.EPOCHS is 0", s.MAX_ITER)
+        check_in(aug.MAX_SIZE, _AT_LEAST_1, "TEST.AUG.MAX_SIZE", config_error)
 
-    check_compile_config(cfg)
-    _check_fpn_and_head(cfg)
-    check_aa_config(cfg)
-    check_sasa_config(cfg)
-    return cfg
+
+def check_compile_config(cfg):
+    """``MODEL.COMPILE.*``, whether or not compiling is enabled. Whether the backend can run on
+    this machine is checked when the model is compiled (:func:`aadet.engine.compile.maybe_compile`)."""
+    c = cfg.MODEL.COMPILE
+    check_one_of(
+        c.BACKEND, compile_backends(), "MODEL.COMPILE.BACKEND", config_error,
+        " (torch.compile's backends: aadet.config.compile_backends())",
+    )
+    check_one_of(c.MODE, COMPILE_MODES, "MODEL.COMPILE.MODE", config_error)
+
+
+def check_aa_config(cfg):
+    """``MODEL.AA.*`` with :class:`~aadet.layers.AugmentedConv2d`'s rules (``STAGES``,
+    ``DOWNSAMPLE_STAGES`` and ``MAX_INPUT_SIZE`` belong to the AA-ResNet builder)."""
+    aa = cfg.MODEL.AA
+    check_in(aa.KAPPA, KAPPA_RANGE, "MODEL.AA.KAPPA", config_error)
+    check_in(aa.NU, NU_RANGE, "MODEL.AA.NU", config_error, " (dv < Fout: some conv channels remain)")
+    check_int(aa.NUM_HEADS, "MODEL.AA.NUM_HEADS", 1, config_error)
+    check_one_of(aa.POSITIONAL_ENCODING, AA_POSITIONAL_ENCODINGS, "MODEL.AA.POSITIONAL_ENCODING", config_error)
+    check_int(aa.MIN_DK_PER_HEAD, "MODEL.AA.MIN_DK_PER_HEAD", 1, config_error)
+    LOGIT_TABLE_BACKENDS.check(aa.IMPL, "MODEL.AA.IMPL", config_error)
+
+
+def check_sasa_config(cfg):
+    """``MODEL.SASA.*`` with :class:`~aadet.layers.LocalSelfAttention2d`'s and the stem's rules
+    (``STAGES`` and ``STEM`` belong to the SASA-ResNet builder; the heads' divisibility of each
+    stage's width is checked when it is built)."""
+    sa = cfg.MODEL.SASA
+    check_kernel_size(sa.KERNEL_SIZE, "MODEL.SASA.KERNEL_SIZE", config_error)
+    check_int(sa.NUM_HEADS, "MODEL.SASA.NUM_HEADS", 1, config_error)
+    check_one_of(sa.POSITIONAL_ENCODING, SASA_POSITIONAL_ENCODINGS, "MODEL.SASA.POSITIONAL_ENCODING", config_error)
+    for key in ("STEM_MIXTURES", "STEM_NUM_HEADS", "STEM_BLOCK_SIZE", "BLOCK_SIZE"):
+        check_int(sa[key], f"MODEL.SASA.{key}", 1, config_error)
+    LOCAL_ATTENTION_BACKENDS.check(sa.IMPL, "MODEL.SASA.IMPL", config_error)

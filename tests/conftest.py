@@ -1,17 +1,19 @@
 """Shared fixtures: the pinned demo wheel and the prepared tree-crown dataset.
 
 The tests mirror the package (``tests/layers`` tests ``aadet/layers``, ...; ``tests/tools`` the
-command-line tools, ``tests/project`` repo-wide checks). Only the checkout is on the test path
-(``pythonpath = .`` in pytest.ini): shared code comes from ``tests.helpers``, and a test loads a
-tool's module with ``tests.helpers.load_tool("visualize_detections")``.
+command-line tools and their shared package ``tools/aadet_tools``, ``tests/project`` repo-wide
+checks). The checkout and ``tools/`` are on the test path (``pythonpath = . tools`` in
+pytest.ini): shared test code comes from ``tests.helpers``, the tools' from ``aadet_tools``, and a
+test loads a tool's module with ``tests.helpers.load_tool("visualize_detections")``.
 """
 import os
+import shutil
 
 import pytest
 
-from aadet.data import prepare_trees as demo_trees
 from aadet.data import register_trees
-from aadet.data.prepare_trees import WHEEL_NAME
+from aadet_tools import prepare_trees as demo_trees
+from aadet_tools.prepare_trees import WHEEL_NAME
 
 from tests.helpers import REPO
 
@@ -36,6 +38,21 @@ def wheel(request, tmp_path_factory):
     except RuntimeError as e:
         pytest.fail(f"could not download {WHEEL_NAME} (set $AADET_DEMO_WHEEL to a local copy): {e}")
 
+
+
+@pytest.fixture(scope="session")
+def prepared(wheel, tmp_path_factory):
+    """The demo dataset built once in a private root (``aadet_tools.prepare_trees.PreparedTrees``),
+    shared: tests must not change it (copy it with ``scratch``)."""
+    return demo_trees.prepare(str(tmp_path_factory.mktemp("data")), wheel=wheel)
+
+
+@pytest.fixture()
+def scratch(prepared, tmp_path):
+    """A private copy of the prepared data root, for tests that damage it."""
+    root = tmp_path / "root"
+    shutil.copytree(os.path.dirname(prepared.dataset_dir), root)
+    return str(root)
 
 
 @pytest.fixture()
@@ -87,13 +104,10 @@ def data_env(trees_root, monkeypatch):
 # Seconds: measured in one run of the whole suite on a heavily shared 2-core machine (about 4x
 # the unloaded time); together these were two thirds of the suite's time.
 SLOW_TESTS = {
-    # FLOPs and parameters of every config, at the papers' input sizes
-    "tests/analysis/test_analysis.py::test_model_table_matches_the_tool": 1038,
     # builds each of the 10 COCO models (the Demo-size models stay in the fast suite)
     "tests/analysis/test_analysis.py::test_coco_parameter_counts_exact": 125,
     "tests/config/test_committed_configs.py::test_config_builds_and_runs[configs/COCO-Detection/": 279,
     # subprocess runs of training / benchmarking / evaluation
-    "tests/analysis/test_analysis.py::test_benchmark_runs_tiny_config_on_cpu": 45,
     "tests/engine/test_evaluation.py::test_coco_builtin_registration_and_evaluator": 51,
     "tests/modeling/test_tta.py::test_training_and_eval_only_report_bbox_tta": 88,
     "tests/engine/test_ema.py::test_training_and_eval_only_evaluate_the_average": 80,

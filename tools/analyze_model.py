@@ -26,31 +26,19 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning
 )  # torch.jit deprecation (detectron2, fvcore)
 
-import torch  # noqa: E402
-from detectron2.modeling import build_model  # noqa: E402
-
 import aadet  # noqa: E402,F401  (registers the models)
-from aadet.analysis.model_table import (  # noqa: E402
-    analyze_model,
+from aadet_tools.model_table import (  # noqa: E402
+    DEMO_COLUMN,
+    analyze_config,
     list_configs,
     MARKDOWN_COMMAND,
     load_demo_results,
     render_markdown,
     row_cells,
 )
-from aadet.engine import load_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DEMO_RESULTS = os.path.join("docs", "demo_results.json")
-
-
-def analyze_config(config_file, size=None, *, flops=True, opts=(), demo_results=None):
-    """The model table's row of ``config_file`` (:func:`aadet.analysis.model_table.analyze_model`):
-    its model built on CPU in eval mode with seed 0, ``opts`` overriding the config."""
-    cfg = load_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
-    torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    return analyze_model(config_file, cfg, model, size, flops=flops, demo_results=demo_results)
 
 
 def build_parser():
@@ -120,7 +108,7 @@ def _text_report(row) -> str:
             f"GFLOPs {cells['Paper GFLOPs']} (Δ {cells['Δ GFLOPs'] or 'not counted'}), mAP {cells['Paper COCO mAP']}"
         )
     if row.demo is not None:
-        lines.append(f"  demo AP (AP50): {cells['Demo AP (AP50)']}")
+        lines.append(f"  {DEMO_COLUMN}: {cells[DEMO_COLUMN]}")
     return "\n".join(lines)
 
 
@@ -162,7 +150,7 @@ def main(argv=None) -> int:
         )
         sys.stdout.write(render_markdown(rows, command))
     if args.json:
-        from aadet.analysis.report import write_json
+        from aadet_tools.report import write_json
 
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0

@@ -17,11 +17,12 @@ For every config (and AMP mode), in one run and on the same synthetic batch (ran
 boxes, generated once and loaded by every case; no dataset needed):
 
 * **training iteration**: forward with losses, backward, SGD step (Detectron2's RetinaNet loss,
-  the config's model); median over ``--iters`` after ``--warmup``; images/s = batch / median;
+  the config's model; ``tools/aadet_tools/training_step.py``); median over ``--iters`` after
+  ``--warmup``; images/s = batch / median;
 * **inference latency**: ``model.eval()`` forward of the batch under ``torch.no_grad()``,
   post-processing included; median per batch and per image;
 * **peak memory** of each phase: CUDA ``max_memory_allocated``; CPU the process' resident-set
-  high-water mark (see ``aadet/analysis/timing.py``), both absolute and above the state before
+  high-water mark (see ``tools/aadet_tools/timing.py``), both absolute and above the state before
   the phase (weights and inputs already resident): the ratios use the latter;
 * each as a **ratio to the baseline** (``--baseline``, default the first config) of the same run
   and AMP mode.
@@ -32,7 +33,7 @@ Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler).
 process CPU time per iteration is recorded next to wall time: on a shared machine it is the
 steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Writes JSON
 (``--output-json``) and a markdown table (``--output-md``, or stdout); timing and report helpers:
-``aadet/analysis/timing.py`` and ``aadet/analysis/report.py``, shared with
+``tools/aadet_tools/timing.py`` and ``tools/aadet_tools/report.py``, shared with
 ``tools/benchmark_layers.py``.
 """
 
@@ -48,7 +49,7 @@ warnings.filterwarnings(
 
 import torch  # noqa: E402
 
-from aadet.analysis.report import (  # noqa: E402
+from aadet_tools.report import (  # noqa: E402
     fmt,
     header_line,
     index_results,
@@ -57,18 +58,18 @@ from aadet.analysis.report import (  # noqa: E402
     ratios,
     write_report,
 )
-from aadet.analysis.timing import (  # noqa: E402
+from aadet_tools.timing import (  # noqa: E402
     AMP_DTYPES,
     autocast,
     check_amp_dtype,
     environment_info,
     measure,
-    needs_grad_scaler,
     peak_memory_meaning,
     run_case_in_subprocess,
     worker_main,
 )
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.training_step import TrainingStep  # noqa: E402
 
 
 def build_parser():
@@ -136,7 +137,6 @@ def build_parser():
 def run_case(spec: dict) -> dict:
     """Build one config's model and measure it (runs inside the worker process)."""
     from detectron2.modeling import build_model
-    from detectron2.utils.events import EventStorage
 
     import aadet  # noqa: F401
     from aadet.analysis.params import count_parameters
@@ -173,23 +173,10 @@ def run_case(spec: dict) -> dict:
         result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs))
 
     if not spec["no_train"]:
-        inputs = detectron2_inputs(data, num_classes, with_instances=True)
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
-        scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, amp_dtype, amp))
-
-        def step():
-            with autocast(device, amp_dtype, amp):
-                losses = model(inputs)
-            loss = sum(losses.values())
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-
-        with EventStorage(0):  # RetinaNet's losses log to a storage
-            m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device)
-        result["train"] = dict(m, images_per_s=len(inputs) / m["median_s"])
+        step = TrainingStep(model, detectron2_inputs(data, num_classes, with_instances=True),
+                            amp_dtype=amp_dtype if amp else None)
+        m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device)
+        result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"])
     return result
 
 

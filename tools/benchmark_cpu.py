@@ -6,8 +6,8 @@ the COCO R50 models vs their conv baselines, each against its target.
         --runs-dir docs/runs/benchmarks
 
 Runs ``tools/benchmark_layers.py`` and ``tools/benchmark.py`` (every case in a fresh process;
-what each run measures: :data:`aadet.analysis.cpu_report.CPU_RUNS`), one after the other, then
-prints the targets table (:data:`~aadet.analysis.cpu_report.CPU_TARGETS`) and writes the report
+what each run measures: :data:`aadet_tools.cpu_report.CPU_RUNS`), one after the other, then
+prints the targets table (:data:`~aadet_tools.cpu_report.CPU_TARGETS`) and writes the report
 JSON (the layout of ``docs/benchmarks_cuda.json``) and, with ``--runs-dir``, each run's own JSON.
 Run it on an otherwise idle machine: the ratios compare wall times within one run. About ten
 minutes on one core.
@@ -20,12 +20,11 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from aadet_tools.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown
+from aadet_tools.report import write_json
+from aadet_tools.run_summary import git_commit
 
-from aadet.analysis.cpu_report import CPU_RUNS, benchmarks_cpu, render_cpu_markdown  # noqa: E402
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.utils.run_summary import git_commit  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):

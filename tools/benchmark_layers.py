@@ -5,8 +5,8 @@
     python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
 
 Forward + backward time (median after warm-up) and peak memory, every case in a fresh process
-(timing, memory and AMP helpers: ``aadet/analysis/timing.py``; ratios, markdown and JSON:
-``aadet/analysis/report.py``; both shared with ``tools/benchmark.py``), at the res3 / res4 / res5
+(timing, memory and AMP helpers: ``tools/aadet_tools/timing.py``; ratios, markdown and JSON:
+``tools/aadet_tools/report.py``; both shared with ``tools/benchmark.py``), at the res3 / res4 / res5
 map sizes of a 640x640 image (80, 40, 20). ``--amp`` autocasts to ``--amp-dtype`` (default
 float16 on CUDA, bfloat16 on CPU):
 
@@ -49,7 +49,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 import torch  # noqa: E402
 
-from aadet.analysis.report import (  # noqa: E402
+from aadet_tools.report import (  # noqa: E402
     fmt,
     header_line,
     index_results,
@@ -58,7 +58,7 @@ from aadet.analysis.report import (  # noqa: E402
     ratios,
     write_report,
 )
-from aadet.analysis.timing import (  # noqa: E402
+from aadet_tools.timing import (  # noqa: E402
     AMP_DTYPES,
     autocast,
     check_amp_dtype,
@@ -197,7 +197,7 @@ def _make_work(case, batch, device, dtype):
             impl = case["impl"] if case["impl"] in ("cpp", "fused") else "auto"
             mod = AugmentedConv2d(c, c, 3, kappa=0.2, nu=0.1, num_heads=NUM_HEADS, max_size=s, impl=impl)
             if case["impl"] == "naive":  # this process only runs this case: patching is contained
-                aa_module.relative_self_attention_2d = naive_relative_attention_2d
+                aa_module.relative_self_attention_2d_unchecked = naive_relative_attention_2d
         elif case["impl"] == "conv3x3":
             mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
         else:

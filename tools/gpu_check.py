@@ -7,7 +7,7 @@
     python tools/gpu_check.py --report-only --out DIR  # merge stage_*.json of separate runs
     python tools/gpu_check.py --report-only --allow-stale --out DIR  # ... some of another commit
 
-Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time budget,
+Stages, in order (``tools/aadet_tools/gpu_report.py`` names them; each has a time budget,
 ``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
 
 1. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
@@ -29,30 +29,33 @@ Stages, in order (``aadet/analysis/gpu_report.py`` names them; each has a time b
    ``tools/benchmark_layers.py`` (SASA layer, 256 ch, k 7, vs a 3x3 conv) -> ``--bench-json``
    (default ``docs/benchmarks_cuda.json``) with a verdict per performance target (the attention
    models' time and memory as ratios to the conv R50, the SASA layer's to a 3x3 conv; limits in
-   ``aadet/analysis/gpu_report.py``): pass, or missed by how much. The targets are defined at
-   640x640, batch 8: a ``--quick`` run's numbers are labelled "smoke run, not comparable to
-   targets" and get no verdict.
+   ``tools/aadet_tools/gpu_report.py``): pass, or missed by how much. The targets are defined at
+   ``gpu_report.PROTOCOL`` (640x640, batch 8, fp32 and bf16, at least 10 timed iterations after 3
+   warm-up ones): only a complete run at it, whose stage passed, writes ``--bench-json``; anything
+   else (``--quick``, fewer iterations, a failed case, a precision not measured) goes to
+   ``WORK_DIR/benchmarks_cuda.scratch.json``, whose ``"scratch"`` says why it is not the record.
 
-Every stage writes ``<out>/stage_<name>.json``, with the git commit it ran at and whether the
-tree had uncommitted changes; after the stages run, every ``stage_*.json`` in ``<out>`` is
-merged into ``<out>/report.json`` and ``<out>/report.md`` (device name, torch, Triton, CUDA and
-driver versions first). So stages can run in separate calls of a machine lent for 10 minutes a
-command: collect their ``stage_*.json`` in one folder, then ``--report-only``. The merge refuses
-stage files of another commit than the checkout's HEAD (the error names each file and both
-commits) unless ``--allow-stale``, which marks them stale in the report. Where the checkout has
-no ``.git`` (a copied tree), ``AADET_GIT_COMMIT`` names its commit.
+Every stage writes ``<out>/stage_<name>.json`` with the device it ran on, the git commit and
+whether the tree was clean; after the stages run, every ``stage_*.json`` in ``<out>`` is merged
+into ``<out>/report.json`` and ``<out>/report.md``, which give two verdicts: the **check** (every
+stage of ``--stages`` ran on CUDA, at the checked-out clean commit, not as a ``--quick`` smoke
+run, and passed: anything else is named under "Not counted") and the **targets** (met, missed,
+not measured; a stage that ran may miss them), then each stage's environment. The exit status is
+0 only when the check passed, ``--report-only`` included (it judges ``--stages``, default all).
+So stages can run in separate calls of a machine lent for 10 minutes a command: collect their
+``stage_*.json`` in one folder, then ``--report-only``. The merge refuses stage files of another
+commit than the checkout's HEAD (the error names each file and both commits) unless
+``--allow-stale``, which marks them stale (never counted). A tree with uncommitted or untracked
+changes is not its commit. Where the checkout has no ``.git`` (a copied tree),
+``$AADET_CHECKOUT_MANIFEST`` names a manifest written where it has one, against which the copy is
+verified file by file (``tools/aadet_tools/checkout.py``).
 
-Without a package index (e.g. a lent GPU machine: Python 3.12 with its own CUDA torch, 10 minutes a
-command), make the wheel folder where the index is, carry it, and split the stages::
-
-    bash tools/make_wheelhouse.sh .whl --python-version 3.12 --exclude-installed PACKAGES.txt
-    AADET_WHEELHOUSE=.whl AADET_SYSTEM_SITE=1 PYTHON=python3 bash tools/setup_env.sh && \
-        AADET_GIT_COMMIT=COMMIT .venv/bin/python tools/gpu_check.py --stages tests configs --out $OUT/gc
-    # then the same with --stages benchmarks, and --stages demo; COMMIT: git rev-parse HEAD here
-    python tools/gpu_check.py --report-only --out DIR   # DIR: the stage_*.json of all calls
+Without a package index (a lent GPU machine: Python 3.12 with its own CUDA torch, 10 minutes a
+command): ``tools/gpu_loan.sh`` prepares the wheel folder and the manifest here and runs the
+stages there, in two calls (docs/gpu_check.md).
 
 ``--device cpu`` is a dry run of the ``configs`` stage on a machine without CUDA (what the CPU
-unit test runs); every other stage needs CUDA and says so.
+unit test runs): it exits 1, its stage never counts; every other stage needs CUDA and says so.
 """
 
 import argparse
@@ -71,11 +74,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from aadet.analysis import gpu_report  # noqa: E402
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
-from aadet.analysis.timing import environment_info, run_worker  # noqa: E402
-from aadet.utils.run_summary import git_commit, last_box_metrics  # noqa: E402
+from aadet_tools.report import write_json  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.timing import environment_info, run_worker  # noqa: E402
+from aadet_tools.run_summary import last_box_metrics  # noqa: E402
+from aadet_tools import gpu_report  # noqa: E402
+from aadet_tools.checkout import checkout_state  # noqa: E402
 
 #: Default time budget of each stage in seconds (a lent machine runs a command 10 minutes).
 DEFAULT_BUDGET_S = {"tests": 300, "configs": 300, "demo": 540, "benchmarks": 560}
@@ -85,7 +89,6 @@ DEMO_CONFIGS = (
     "configs/Demo/trees_SASA_R_26_slim_FPN.yaml",
     "configs/Demo/trees_SASA_full_attention_R_26_slim.yaml",
 )
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------- environment
@@ -114,11 +117,9 @@ def gpu_environment(device: str) -> dict:
 
 
 def checkout_commit() -> dict:
-    """``{"commit", "dirty"}`` of this checkout (``$AADET_GIT_COMMIT`` where it has no ``.git``)."""
-    info = git_commit(REPO)
-    if info["commit"] is None and os.environ.get("AADET_GIT_COMMIT"):
-        info = {"commit": os.environ["AADET_GIT_COMMIT"].strip(), "dirty": None}
-    return info
+    """``{"commit", "dirty", "changes", "how"}`` of this checkout: git, or in a copied tree the
+    manifest ``$AADET_CHECKOUT_MANIFEST`` (``tools/aadet_tools/checkout.py``)."""
+    return checkout_state(REPO)
 
 
 def _run(cmd, timeout, log_path=None, env=None):
@@ -176,7 +177,7 @@ def all_configs():
 
 def synthetic_inputs(batch: int, size: int, num_classes: int, seed: int, device):
     """Detectron2 training inputs on ``device``: ``tools/benchmark.py``'s random images and boxes
-    (:mod:`aadet.analysis.synthetic_batch`)."""
+    (:mod:`aadet_tools.synthetic_batch`)."""
     return detectron2_inputs(make_batch(batch, size, size, seed), num_classes, device=device)
 
 
@@ -184,10 +185,10 @@ def train_config_worker(spec: dict) -> dict:
     """Build ``spec["config"]`` on ``spec["device"]`` and train ``spec["iters"]`` iterations per
     precision (runs in a fresh process). One result row per precision."""
     from detectron2.modeling import build_model
-    from detectron2.utils.events import EventStorage
 
     import aadet  # noqa: F401
-    from aadet.analysis.timing import PeakMemory, synchronize
+    from aadet_tools.timing import PeakMemory, synchronize
+    from aadet_tools.training_step import TrainingStep
     from aadet.engine import Trainer, load_config
 
     device = torch.device(spec["device"])
@@ -195,33 +196,20 @@ def train_config_worker(spec: dict) -> dict:
     rows = []
     for precision in spec["precisions"]:
         row = {"config": gpu_report.config_name(spec["config"]), "precision": precision}
+        model = opt = inputs = None
         try:
             torch.manual_seed(spec["seed"])
             model = build_model(cfg)
-            model.train()
             opt = Trainer.build_optimizer(cfg, model)
-            sched = Trainer.build_lr_scheduler(cfg, opt)
             inputs = synthetic_inputs(spec["batch"], spec["size"], cfg.MODEL.RETINANET.NUM_CLASSES,
                                       spec["seed"], device)
-            dtype = PRECISION_DTYPES[precision]
+            step = TrainingStep(model, inputs, opt, scheduler=Trainer.build_lr_scheduler(cfg, opt),
+                                amp_dtype=gpu_report.AMP_DTYPES.get(precision), check_finite=True)
             losses, times = [], []
-            with EventStorage(0), PeakMemory(device) as mem:
-                for it in range(spec["iters"]):
+            with PeakMemory(device) as mem:
+                for _ in range(spec["iters"]):
                     t0 = time.perf_counter()
-                    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                        loss_dict = model(inputs)
-                    loss = sum(loss_dict.values())
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"iteration {it}: loss is not finite: "
-                                                 f"{ {k: float(v) for k, v in loss_dict.items()} }")
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    bad = [n for n, p in model.named_parameters() if p.grad is not None
-                           and not torch.isfinite(p.grad).all()]
-                    if bad:
-                        raise FloatingPointError(f"iteration {it}: non-finite gradients in {bad[:5]}")
-                    opt.step()
-                    sched.step()
+                    loss = step()
                     synchronize(device)
                     times.append(time.perf_counter() - t0)
                     losses.append(float(loss))
@@ -344,61 +332,80 @@ def stage_demo(args, budget: Budget) -> dict:
 
 
 # ----------------------------------------------------------------------------- stage: benchmarks
-def _supports(tool: str, flag: str) -> bool:
-    rc, out = _run([sys.executable, tool, "--help"], 120)
-    return rc == 0 and flag in out
+def bench_settings(args) -> dict:
+    """Size, batch, warm-up, iterations and precisions of the benchmarks stage: the targets'
+    protocol (:data:`aadet_tools.gpu_report.PROTOCOL`), iterations from the command line (their
+    defaults are the protocol's least), or a smoke run's small sizes with ``--quick``."""
+    p = gpu_report.PROTOCOL
+    if args.quick:
+        return dict(size=256, batch=2, warmup=1, iters=3, precisions=p.precisions)
+    return dict(size=p.size[0], batch=p.batch, warmup=args.bench_warmup, iters=args.bench_iters,
+                precisions=p.precisions)
 
 
 def stage_benchmarks(args, budget: Budget) -> dict:
-    q = args.quick
-    size, batch = (256, 2) if q else (640, 8)
-    warmup, iters = (1, 3) if q else (args.bench_warmup, args.bench_iters)
-    notes = []
-    bf16 = _supports("tools/benchmark.py", "--amp-dtype") and _supports("tools/benchmark_layers.py", "--amp-dtype")
-    if not bf16:
-        notes.append("tools/benchmark*.py have no --amp-dtype: measured fp32 only (merge the --amp-dtype change)")
+    s = bench_settings(args)
+    if gpu_report.PROTOCOL.size[0] != gpu_report.PROTOCOL.size[1]:
+        raise ValueError(f"tools/benchmark.py measures square images; the protocol has {gpu_report.PROTOCOL.size}")
+    amp = [p for p in s["precisions"] if p != "fp32"]
+    if len(amp) > 1:
+        raise ValueError(f"tools/benchmark.py measures one AMP dtype a run; the protocol has {amp}")
+    amp_dtype = gpu_report.AMP_DTYPES[amp[0]] if amp else None
+    amp_modes = (["fp32"] if "fp32" in s["precisions"] else []) + amp
+    notes, errors = [], []
     cfg_json = os.path.join(args.work_dir, "bench_configs.json")
     cmd = ["tools/benchmark.py", "--configs", *gpu_report.BENCHMARK_CONFIGS, "--device", args.device,
-           "--size", str(size), "--batch", str(batch), "--warmup", str(warmup), "--iters", str(iters),
-           "--output-json", cfg_json, "--output-md", cfg_json[:-5] + ".md"]
-    cmd += ["--amp", "both", "--amp-dtype", "bfloat16"] if bf16 else ["--amp", "off"]
+           "--size", str(s["size"]), "--batch", str(s["batch"]), "--warmup", str(s["warmup"]),
+           "--iters", str(s["iters"]), "--output-json", cfg_json, "--output-md", cfg_json[:-5] + ".md",
+           "--amp", "both" if len(amp_modes) == 2 else "on" if amp else "off"]
+    cmd += ["--amp-dtype", amp_dtype] if amp else []
     print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     layer_budget = 0.3 * budget.left()
+    for stale in glob.glob(os.path.join(args.work_dir, "bench_*.json")):
+        os.remove(stale)  # never read a benchmark JSON of an earlier run
     rc, tail = _run([sys.executable, *cmd], budget.left() - layer_budget,
                     os.path.join(args.work_dir, "bench_configs.log"))
-    config_reports, errors = [], []
+    config_reports = []
     if rc == 0 and os.path.isfile(cfg_json):
         with open(cfg_json) as f:
             config_reports.append(json.load(f))
     else:
         errors.append(f"tools/benchmark.py exit {rc}: {tail.strip()[-300:]}")
     layer_reports = []
-    for amp in ([False, True] if bf16 else [False]):
-        out = os.path.join(args.work_dir, f"bench_layers_{'bf16' if amp else 'fp32'}.json")
-        cmd = ["tools/benchmark_layers.py", "--suite", "sasa", "--device", args.device, "--batch", str(batch),
-               "--sizes", *(str(s) for s in args.layer_sizes), "--warmup", str(warmup), "--iters", str(iters),
-               "--output-json", out, "--output-md", out[:-5] + ".md"]
-        cmd += ["--amp", "--amp-dtype", "bfloat16"] if amp else []
+    for precision in amp_modes:
+        out = os.path.join(args.work_dir, f"bench_layers_{precision}.json")
+        cmd = ["tools/benchmark_layers.py", "--suite", "sasa", "--device", args.device, "--batch", str(s["batch"]),
+               "--sizes", *(str(x) for x in args.layer_sizes), "--warmup", str(s["warmup"]),
+               "--iters", str(s["iters"]), "--output-json", out, "--output-md", out[:-5] + ".md"]
+        cmd += ["--amp", "--amp-dtype", gpu_report.AMP_DTYPES[precision]] if precision != "fp32" else []
         print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
         rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
         if rc == 0 and os.path.isfile(out):
             with open(out) as f:
                 layer_reports.append(json.load(f))
         else:
-            errors.append(f"tools/benchmark_layers.py exit {rc}: {tail.strip()[-300:]}")
+            errors.append(f"tools/benchmark_layers.py ({precision}) exit {rc}: {tail.strip()[-300:]}")
     if not config_reports and not layer_reports:
         return {"status": "failed", "error": "; ".join(errors), "notes": notes}
-    bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, amp_dtype="bfloat16", smoke=q)
-    bench["quick"] = q
-    if not q:  # only the targets' sizes go to docs/
+    bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, amp_dtype=amp_dtype, smoke=args.quick)
+    bench["quick"] = args.quick
+    # The stage's verdict first ("ran": every case measured; unless a smoke run, at the targets'
+    # protocol), then where the numbers go: only a passed, complete run is the record.
+    if bench["missing"]:
+        errors.append(f"not measured: {', '.join(bench['missing'])}")
+    if not args.quick and not bench["comparable"]:
+        errors.append(f"not at the targets' protocol: {bench['not_comparable_why']}")
+    status = "ok" if not errors else "failed"
+    if status == "ok" and bench["complete"]:
         write_json(args.bench_json, bench)
-        notes.append(f"wrote {args.bench_json}")
-    write_json(os.path.join(args.out, "benchmarks_cuda.json"), bench)
+        notes.append(f"wrote the record {args.bench_json}")
+    else:
+        why = "; ".join(errors) or bench["not_comparable_why"] or "a smoke run"
+        scratch = os.path.join(args.work_dir, "benchmarks_cuda.scratch.json")
+        write_json(scratch, dict(bench, scratch=f"not the record ({args.bench_json} is left as it was): {why}"))
+        notes.append(f"wrote {scratch}, not the record: {why}")
     with open(os.path.join(args.work_dir, "benchmarks_cuda.md"), "w") as f:
         f.write(gpu_report.render_benchmarks_markdown(bench))
-    missing = [t for t in bench["targets"] if t["status"] == "missing"]
-    # Missed targets are results, not failures of the check; unmeasured ones are failures.
-    status = "ok" if not errors and not missing else "failed"
     out = {"status": status, "benchmarks": bench, "notes": notes}
     if errors:
         out["error"] = "; ".join(errors)
@@ -429,19 +436,25 @@ def build_parser():
     p.add_argument("--stages", nargs="+", default=list(gpu_report.STAGES), choices=list(gpu_report.STAGES),
                    help="stages to run, in this order (default: all)")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: configs 2 iters at 128 px, demo 2 epochs, benchmarks 256 px batch 2")
-    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (dry run of the configs stage)")
-    p.add_argument("--out", default="output/gpu_check", help="report folder (stage_*.json, report.md/json)")
+                   help="smoke run: configs 2 iters at 128 px, demo 2 epochs, benchmarks 256 px batch 2; "
+                   "exits 1 even when every stage passes (a smoke run is not the check)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (default) or cpu (dry run of the configs stage: exits 1, its stage never counts)")
+    p.add_argument("--out", default=None,
+                   help="report folder (stage_*.json, report.md/json; default output/gpu_check, for --device cpu "
+                   "output/gpu_check_cpu_dry_run)")
     p.add_argument("--work-dir", default="output/gpu_check_work",
                    help="logs, junit XML, raw benchmark JSON, training outputs (default output/gpu_check_work; "
                    "kept out of OUT so that OUT holds only the report files)")
-    p.add_argument("--report-only", action="store_true", help="only merge OUT/stage_*.json into the report")
+    p.add_argument("--report-only", action="store_true",
+                   help="only merge OUT/stage_*.json into the report; exit 0 only when every stage of --stages "
+                   "(default all) counts")
     p.add_argument("--allow-stale", action="store_true",
                    help="merge stage files of another commit than HEAD too (marked stale in the report)")
     p.add_argument("--budget", nargs="+", metavar="STAGE=SECONDS",
                    help=f"time budget per stage (default {DEFAULT_BUDGET_S})")
     p.add_argument("--configs", nargs="+", metavar="FILE", help="configs stage: these configs (default: all)")
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(PRECISION_DTYPES),
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(gpu_report.PRECISIONS),
                    help="configs stage: precisions (default fp32 bf16)")
     p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 3; quick 2)")
     p.add_argument("--size", type=int, default=None, help="configs stage: image side (default 256; quick 128)")
@@ -451,40 +464,46 @@ def build_parser():
                    help="demo stage: data root (default $AADET_DATASETS or ./datasets)")
     p.add_argument("--wheelhouse", default=os.environ.get("AADET_WHEELHOUSE"),
                    help="demo stage: folder holding the deepforest wheel (default $AADET_WHEELHOUSE)")
-    p.add_argument("--bench-iters", type=int, default=20, help="benchmarks: timed iterations (default 20)")
-    p.add_argument("--bench-warmup", type=int, default=5, help="benchmarks: warm-up iterations (default 5)")
+    protocol = gpu_report.PROTOCOL
+    p.add_argument("--bench-iters", type=int, default=protocol.min_iters,
+                   help=f"benchmarks: timed iterations (default {protocol.min_iters}, the targets' least: fewer "
+                   "make a scratch JSON, not the record)")
+    p.add_argument("--bench-warmup", type=int, default=protocol.min_warmup,
+                   help=f"benchmarks: warm-up iterations (default {protocol.min_warmup}, the targets' least)")
     p.add_argument("--layer-sizes", type=int, nargs="+", default=[80], help="benchmarks: layer map sides (80)")
     p.add_argument("--bench-json", default=os.path.join(REPO, "docs", "benchmarks_cuda.json"),
-                   help="benchmarks: where the benchmark JSON goes (default docs/benchmarks_cuda.json)")
+                   help="benchmarks: the record, written only by a complete run at the targets' protocol whose "
+                   "stage passed (default docs/benchmarks_cuda.json); else WORK_DIR/benchmarks_cuda.scratch.json")
     p.add_argument("--worker-config", metavar="SPEC", help=argparse.SUPPRESS)
     return p
 
 
-def write_merged_report(out_dir: str, allow_stale: bool = False) -> dict:
-    """Merge ``out_dir/stage_*.json`` into ``report.json`` / ``report.md``; SystemExit naming the
-    files and commits when some ran at another commit than HEAD (unless ``allow_stale``)."""
+def write_merged_report(out_dir: str, allow_stale: bool = False, required=tuple(gpu_report.STAGES)) -> dict:
+    """Merge ``out_dir/stage_*.json`` into ``report.json`` / ``report.md``, judged against this
+    checkout's commit; SystemExit naming the files and commits when some ran at another commit
+    than HEAD (unless ``allow_stale``: merged, marked stale, never counted)."""
     stages, files = {}, {}
     for name in gpu_report.STAGES:
         path = os.path.join(out_dir, f"stage_{name}.json")
         if os.path.isfile(path):
             with open(path) as f:
                 stages[name], files[name] = json.load(f), path
+    head = checkout_commit()["commit"]
     try:
-        stale = gpu_report.stale_stages(stages, checkout_commit()["commit"], allow_stale=allow_stale,
-                                        files=files)
+        stale = gpu_report.stale_stages(stages, head, allow_stale=allow_stale, files=files)
     except gpu_report.StaleStageError as e:
         raise SystemExit(f"[gpu_check] {e}") from None
-    report = gpu_report.merge_stage_results(stages, stale=stale)
+    report = gpu_report.merge_stage_results(stages, head=head, required=required, stale=stale)
     write_json(os.path.join(out_dir, "report.json"), report)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(gpu_report.render_report_markdown(report))
     return report
 
 
-def _summary_line(report: dict) -> str:
-    notes = [gpu_report.NOT_COMPARABLE] if report.get("quick") else []
-    notes += [f"stale: {', '.join(report['stale_stages'])}"] if report.get("stale_stages") else []
-    return report["status"] + (f" ({'; '.join(notes)})" if notes else "")
+def _finish(report: dict, out_dir: str) -> int:
+    """Print both verdicts; the exit status: 0 only when the check passed."""
+    print(f"[gpu_check] {gpu_report.summary_line(report)}: {os.path.join(out_dir, 'report.md')}")
+    return 0 if report["status"] == "ok" else 1
 
 
 def main(argv=None) -> int:
@@ -493,12 +512,11 @@ def main(argv=None) -> int:
         with open(args.worker_config) as f:
             print(json.dumps(train_config_worker(json.load(f))))
         return 0
+    device = torch.device(args.device)
+    args.out = args.out or ("output/gpu_check" if device.type == "cuda" else "output/gpu_check_cpu_dry_run")
     os.makedirs(args.out, exist_ok=True)
     if args.report_only:
-        report = write_merged_report(args.out, args.allow_stale)
-        print(f"[gpu_check] {_summary_line(report)}: {os.path.join(args.out, 'report.md')}")
-        return 0
-    device = torch.device(args.device)
+        return _finish(write_merged_report(args.out, args.allow_stale, args.stages), args.out)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"gpu_check needs a CUDA machine: torch {torch.__version__} (CUDA build "
                          f"{torch.version.cuda}) sees no CUDA device. For a CPU dry run of the configs "
@@ -520,6 +538,9 @@ def main(argv=None) -> int:
     os.makedirs(args.work_dir, exist_ok=True)
     env = gpu_environment(args.device)
     commit = checkout_commit()
+    if commit["dirty"] is not False:
+        print(f"[gpu_check] the tree is not a clean commit ({commit.get('how')}): these stages will not count\n  "
+              + "\n  ".join(commit.get("changes") or ["state unknown"]), file=sys.stderr, flush=True)
     for name in gpu_report.STAGES:
         if name not in args.stages:
             continue
@@ -529,12 +550,11 @@ def main(argv=None) -> int:
             result = STAGE_FUNCTIONS[name](args, budget)
         except Exception as e:  # noqa: BLE001  (the next stage still runs; the report says why)
             result = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:1000]}
-        result.update(env=env, elapsed_s=budget.elapsed(), budget_s=budgets[name], quick=args.quick, **commit)
+        result.update(env=env, device=device.type, elapsed_s=budget.elapsed(), budget_s=budgets[name],
+                      quick=args.quick, **commit)
         write_json(os.path.join(args.out, f"stage_{name}.json"), result)
         print(f"[gpu_check] stage {name}: {result['status']} ({budget.elapsed():.0f} s)", file=sys.stderr, flush=True)
-    report = write_merged_report(args.out, args.allow_stale)
-    print(f"[gpu_check] {_summary_line(report)}: {os.path.join(args.out, 'report.md')}")
-    return 0 if report["status"] in ("ok", "incomplete") else 1
+    return _finish(write_merged_report(args.out, args.allow_stale, args.stages), args.out)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,9 @@ if [ -n "$EXCLUDE" ]; then  # wheel names are normalised to lower case with '_' 
   "$PYTHON" - "$DIR" "$EXCLUDE" <<'PYEOF'
 import glob, os, re, sys
 norm = lambda n: re.sub(r"[-_.]+", "_", n).lower()
-keep = {"sal_detectron2", "deepforest", "setuptools", "wheel"}  # the last two: pip's isolated build
+# setuptools, wheel and wheel's own packaging: pip's isolated build of the editable install, which
+# sees none of the target's packages
+keep = {"sal_detectron2", "deepforest", "setuptools", "wheel", "packaging"}
 names = {norm(re.split(r"[<>=!~ \[;@]", l.strip(), 1)[0]) for l in open(sys.argv[2]) if l.strip() and not l.startswith("#")}
 dropped = []
 for w in glob.glob(os.path.join(sys.argv[1], "*.whl")):

@@ -8,15 +8,15 @@
 Downloads the pinned ``deepforest==2.1.0`` wheel with pip (no dependencies, not installed) into
 ``<root>/.cache/``, reads the NEON images and boxes from it, and writes ``<root>/trees/``. A second
 run does nothing; an interrupted run leaves nothing that looks complete. The split, tiling and
-clipping rule are documented in ``aadet/data/prepare_trees.py`` (the dataset names and paths it
+clipping rule are documented in ``tools/aadet_tools/prepare_trees.py`` (the dataset names and paths it
 writes are ``aadet/data/trees.py``'s, the ones ``register_trees`` reads).
 """
 
 import argparse
 import sys
 
-from aadet.data import prepare_trees as demo_trees
 from aadet.data.trees import default_root
+from aadet_tools import prepare_trees as demo_trees
 
 
 def main(argv=None) -> int:

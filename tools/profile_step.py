@@ -9,7 +9,7 @@
 
 For each config, on the synthetic batch of ``tools/benchmark.py`` (same size, batch and seed
 defaults as its demo run: 400x400, batch 2) and the same training step (forward with losses,
-backward, SGD step), after ``--warmup`` steps:
+backward, SGD step: ``tools/aadet_tools/training_step.py``), after ``--warmup`` steps:
 
 * ``step_ms``: the median wall time of ``--iters`` steps;
 * ``forward_ms``: one step's forward time per part, by module hooks: each stage of the backbone's
@@ -34,13 +34,13 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit deprecati
 
 import torch  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from aadet_tools.report import write_json  # noqa: E402
+from aadet_tools.run_summary import git_commit, machine_description  # noqa: E402
+from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet_tools.timing import measure  # noqa: E402
+from aadet_tools.training_step import TrainingStep  # noqa: E402
 
-from aadet.analysis.report import write_json  # noqa: E402
-from aadet.analysis.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
-from aadet.analysis.timing import measure  # noqa: E402
-from aadet.utils.run_summary import git_commit, machine_description  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _parts(model):
@@ -84,7 +84,6 @@ class _ForwardTimer:
 
 def profile_config(config, opts, data, *, warmup, iters, top, seed):
     from detectron2.modeling import build_model
-    from detectron2.utils.events import EventStorage
 
     import aadet  # noqa: F401
     from aadet.engine.defaults import load_config
@@ -92,26 +91,15 @@ def profile_config(config, opts, data, *, warmup, iters, top, seed):
     cfg = load_config(config, ["MODEL.DEVICE", "cpu", *opts])
     torch.manual_seed(seed)
     model = build_model(cfg)
-    model.train()
-    inputs = detectron2_inputs(data, cfg.MODEL.RETINANET.NUM_CLASSES, with_instances=True)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
-
-    def step():
-        losses = model(inputs)
-        opt.zero_grad(set_to_none=True)
-        sum(losses.values()).backward()
-        opt.step()
-
-    with EventStorage(0):  # RetinaNet's losses log to a storage
-        timing = measure(step, warmup=warmup, iters=iters)
-        parts = _parts(model)
-        timer = _ForwardTimer(parts)
-        t0 = time.perf_counter()
+    step = TrainingStep(model, detectron2_inputs(data, cfg.MODEL.RETINANET.NUM_CLASSES, with_instances=True))
+    timing = measure(step, warmup=warmup, iters=iters)
+    timer = _ForwardTimer(_parts(model))
+    t0 = time.perf_counter()
+    step()
+    total = time.perf_counter() - t0
+    timer.remove()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
-        total = time.perf_counter() - t0
-        timer.remove()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            step()
     fwd = timer.seconds
     forward_ms = {n: round(s * 1e3, 1) for n, s in fwd.items() if not n.endswith(("bottom_up", "backbone"))}
     if "backbone.bottom_up" in fwd:

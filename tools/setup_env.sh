@@ -140,6 +140,9 @@ fi
 # for this CPU and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Without g++
 # the attention on CPU falls back to slower pure-PyTorch routes, so a failed build does not fail
 # the setup.
-"$PY" -c "from aadet.layers.functional.backends.cpu_kernels import main; main()" || echo "[setup] C++ kernels not built (see above)"
+# AADET_BUILD_CPU_KERNELS=0 leaves the build to their first use (tools/gpu_loan.sh: minutes are counted there).
+if [ "${AADET_BUILD_CPU_KERNELS:-1}" = 1 ]; then
+  "$PY" -c "from aadet.layers.functional.backends.cpu_kernels import main; main()" || echo "[setup] C++ kernels not built (see above)"
+fi
 touch "$VENV/.aadet-setup-done"
 echo "[setup] done: $("$PY" -c 'import aadet, detectron2, torch; print("aadet", aadet.__version__, "| detectron2", detectron2.__version__, "| torch", torch.__version__)' 2>/dev/null)"

@@ -8,6 +8,9 @@
   python tools/train_net.py --config-file CFG --compile      # through torch.compile (MODEL.COMPILE)
 
 Several machines, torchrun, SLURM, --dist-timeout: docs/multi_machine.md (aadet/engine/launch.py).
+Every run writes ``OUTPUT_DIR/run_summary.json`` (config, seed, commit, machine, times, final
+metrics): this script registers the hook, as Detectron2's training scripts add their own
+(``tools/aadet_tools/run_summary.py``).
 """
 import logging
 
@@ -19,8 +22,8 @@ from detectron2.utils.logger import setup_logger  # noqa: E402
 import aadet  # noqa: E402,F401  (registers models and datasets)
 from aadet.data import register_trees  # noqa: E402
 from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config  # noqa: E402
-from aadet.engine.hooks import write_run_summary  # noqa: E402
 from aadet.engine.launch import add_launch_arguments, launch  # noqa: E402
+from aadet_tools.run_summary import RunSummaryHook, write_run_summary  # noqa: E402
 
 
 def config_opts(args):
@@ -58,8 +61,9 @@ def main(args):
         return res
 
     Trainer.allow_mismatched_weights = args.allow_mismatched_weights
-    Trainer.config_source = (args.config_file, config_opts(args))
     trainer = Trainer(cfg)
+    # After the trainer's own hooks: its after_train reads the final evaluation theirs ran.
+    trainer.register_hooks([RunSummaryHook(args.config_file, config_opts(args))])
     trainer.resume_or_load(resume=args.resume)
     return trainer.train()
 

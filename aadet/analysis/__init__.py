@@ -1,16 +1,15 @@
-"""Model analysis: parameter breakdowns, FLOP counts that include attention, the papers' numbers
-and the timing/memory helpers shared by ``tools/benchmark.py`` and ``tools/benchmark_layers.py``.
+"""Model analysis: parameter breakdowns, FLOP counts that include attention, and how the
+attention layers attend.
 
 * :mod:`.params` -- parameters of the bottom-up network, the FPN and the head.
 * :mod:`.flops` -- fvcore's ``FlopCountAnalysis`` with attention counted by the papers'
   algorithmic formulas (see that module for the exact convention).
-* :mod:`.paper` -- the AA / SASA papers' parameter and FLOP numbers, keyed by config name.
-* :mod:`.timing` -- warm-up + median timing, CUDA sync, peak memory (CUDA or process RSS), the
-  AMP dtype, one benchmark case per process.
-* :mod:`.report` -- benchmark reports: ratios to a reference result, markdown tables, JSON.
 * :mod:`.attention_stats` -- how the attention layers attend and learn: per-layer attention
   perplexity (effective number of keys attended) and gradient/weight ratios of the relative
   embeddings, with forward hooks for a whole model.
+
+Benchmark timing, reports and cost tables are the project's tools, not this package
+(``tools/aadet_tools``).
 """
 from .attention_stats import (  # noqa: F401
     AttentionStats,
@@ -29,5 +28,4 @@ from .flops import (  # noqa: F401
     count_flops,
     detector_flops,
 )
-from .paper import PAPER_NUMBERS, PaperNumbers, paper_numbers  # noqa: F401
 from .params import count_parameters, parameter_breakdown  # noqa: F401

@@ -3,7 +3,7 @@
 This is everything registration needs (:func:`aadet.data.register_trees`) and nothing more: no
 download, no tiling, no file writing. The data is made by ``python tools/prepare_demo_data.py``
 (its logic, the source wheel, the split by source image, the tiling and clipping rule, lives in
-:mod:`aadet.data.prepare_trees`), which takes these names and paths from here, so the tool and the
+``tools/aadet_tools/prepare_trees.py``), which takes these names and paths from here, so the tool and the
 registration cannot disagree on where the data is.
 
 Layout under the data root (``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else

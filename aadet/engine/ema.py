@@ -17,14 +17,30 @@ instead of anchored at the initialization; with DECAY 0.998 it stops mattering a
 updates. Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) are copied.
 """
 import contextlib
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
 
+from ..config import config_error
+from ..layers.functional.checks import Interval, check_in
 from ..utils.modules import unwrap_model
 
-__all__ = ["ModelEMA", "ema_decay"]
+__all__ = ["DECAY_RANGE", "ModelEMA", "ema_decay", "build_model_ema"]
+
+#: The EMA decay (``MODEL_EMA.DECAY``): 0 keeps a copy of the last weights; 1 would never move.
+DECAY_RANGE = Interval(0.0, 1.0, low_closed=True)
+
+
+def build_model_ema(cfg, model: nn.Module) -> Optional["ModelEMA"]:
+    """``ModelEMA(model, MODEL_EMA.DECAY)`` when ``MODEL_EMA.ENABLED``, else None.
+
+    Raises:
+        ConfigValueError: ``MODEL_EMA.DECAY`` outside :data:`DECAY_RANGE`, enabled or not.
+    """
+    ema = cfg.MODEL_EMA
+    check_in(ema.DECAY, DECAY_RANGE, "MODEL_EMA.DECAY", config_error)
+    return ModelEMA(model, ema.DECAY) if ema.ENABLED else None
 
 
 def ema_decay(decay: float, updates: int) -> float:
@@ -38,12 +54,11 @@ class ModelEMA:
     Args:
         model: the trained model (DDP-wrapped or not); the average starts at its current weights,
             on their devices.
-        decay: the EMA decay, in [0, 1); 0 keeps a copy of the last weights.
+        decay: the EMA decay, in :data:`DECAY_RANGE`; 0 keeps a copy of the last weights.
     """
 
     def __init__(self, model: nn.Module, decay: float):
-        if isinstance(decay, bool) or not 0.0 <= float(decay) < 1.0:
-            raise ValueError(f"ModelEMA: decay must be in [0, 1); got {decay!r}")
+        check_in(decay, DECAY_RANGE, "ModelEMA: decay")
         self.decay = float(decay)
         self.reset(model)
 

@@ -7,32 +7,21 @@
 * :class:`EMAHook`: after every optimizer step, the moving average of the weights
   (:class:`~aadet.engine.ema.ModelEMA`); ``Trainer.build_hooks`` adds it when
   ``MODEL_EMA.ENABLED``.
-* :class:`RunSummaryHook`: when training ends, ``<OUTPUT_DIR>/run_summary.json``
-  (:mod:`aadet.utils.run_summary`): config, seed, commit, machine, wall time, final metrics.
-  ``Trainer.build_hooks`` always adds it (main process only).
+
+The run summary that ``tools/train_net.py`` writes after training is the script's own hook
+(``tools/aadet_tools/run_summary.py``), registered as Detectron2's training scripts add theirs.
 """
 import logging
-import os
-import time
-from typing import Optional
 
 from detectron2.engine import HookBase
-from detectron2.utils import comm
 
-from ..utils.run_summary import (
-    SUMMARY_FILE,
-    box_metrics_by_dataset,
-    config_diff,
-    make_summary,
-    write_summary,
-)
 from ..analysis.attention_stats import (
     DEFAULT_MAX_QUERIES,
     AttentionStatsCollector,
     relative_embedding_grad_ratios,
 )
 
-__all__ = ["AttentionStatsHook", "EMAHook", "RunSummaryHook", "write_run_summary"]
+__all__ = ["AttentionStatsHook", "EMAHook"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,79 +113,3 @@ class EMAHook(HookBase):
 
     def after_step(self):
         self._ema.update(self.trainer.model)
-
-
-def write_run_summary(
-    cfg, config_file: str, opts, results, *, iterations: int = 0, train_seconds: float = 0.0,
-    start_iter: int = 0, eval_only: bool = False, cpu_seconds: Optional[float] = None,
-) -> str:
-    """Write ``<cfg.OUTPUT_DIR>/run_summary.json`` (:mod:`aadet.utils.run_summary`) of a run of
-    ``cfg``, made from ``config_file`` and ``opts``, whose last evaluation returned ``results``
-    (``DefaultTrainer.test``'s dict, or None); returns its path."""
-    from .defaults import get_aadet_cfg
-
-    metrics = box_metrics_by_dataset(results, cfg.DATASETS.TEST) if results else {}
-    summary = make_summary(
-        config_file=config_file,
-        opts=opts,
-        cfg_dump=cfg.dump(),
-        diff=config_diff(cfg, get_aadet_cfg()),
-        seed=cfg.SEED,
-        repo=_REPO,
-        iterations=iterations,
-        train_seconds=train_seconds,
-        metrics=metrics,
-        eval_only=eval_only,
-    )
-    summary["start_iter"] = start_iter
-    if cpu_seconds is not None:  # CPU time of the training process (all its threads)
-        summary["cpu_seconds"] = round(cpu_seconds, 1)
-    os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
-    path = os.path.join(cfg.OUTPUT_DIR, SUMMARY_FILE)
-    write_summary(summary, path)
-    logger.info("Run summary: %s", path)
-    return path
-
-
-# The checkout whose commit a run summary records (the one this package is imported from).
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class RunSummaryHook(HookBase):
-    """Write ``<OUTPUT_DIR>/run_summary.json`` after training (:func:`write_run_summary`).
-
-    ``train_seconds`` is the wall time from the first to the end of the last iteration of this
-    process (a resumed run counts its own part; ``start_iter`` says where it began), without the
-    final evaluation. Metrics are the last evaluation's (``trainer.last_eval_results``), per
-    dataset of ``DATASETS.TEST``; a run without one writes ``"metrics": {}``. Must come after
-    the evaluation hook, whose ``after_train`` runs the final evaluation.
-
-    Args:
-        config_file, opts: how the config was made (``tools/train_net.py``'s ``--config-file``
-            and overrides), recorded so that the run can be repeated.
-    """
-
-    def __init__(self, config_file: str, opts):
-        self._config_file = config_file
-        self._opts = list(opts)
-        self._t0 = None
-        self._seconds = None
-
-    def before_train(self):
-        self._t0 = time.perf_counter()
-        self._cpu0 = time.process_time()
-
-    def after_step(self):
-        if self.trainer.iter == self.trainer.max_iter - 1:
-            self._seconds = time.perf_counter() - self._t0
-            self._cpu_seconds = time.process_time() - self._cpu0
-
-    def after_train(self):
-        if not comm.is_main_process() or self._seconds is None:
-            return  # not the writer, or training stopped before its last iteration
-        t = self.trainer
-        write_run_summary(
-            t.cfg, self._config_file, self._opts, getattr(t, "last_eval_results", None),
-            iterations=t.max_iter - t.start_iter, train_seconds=self._seconds,
-            start_iter=t.start_iter, cpu_seconds=self._cpu_seconds,
-        )

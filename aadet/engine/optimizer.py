@@ -20,6 +20,8 @@ import torch
 from detectron2.solver import build_optimizer as detectron2_build_optimizer
 from detectron2.solver import get_default_optimizer_params
 
+from ..config import config_error
+from ..layers.functional.checks import check_one_of
 from ..utils.d2compat import maybe_add_gradient_clipping
 
 __all__ = ["OPTIMIZERS", "build_optimizer", "optimizer_param_groups"]
@@ -51,11 +53,15 @@ def _adamw(cfg, model) -> torch.optim.Optimizer:
     return maybe_add_gradient_clipping(cfg, adamw)
 
 
-#: ``SOLVER.OPTIMIZER`` value -> ``(cfg, model) -> optimizer``: one per name the config accepts
-#: (:data:`aadet.config.OPTIMIZER_NAMES`, in that order).
+#: ``SOLVER.OPTIMIZER`` value -> ``(cfg, model) -> optimizer``: the names the config accepts.
 OPTIMIZERS: Dict[str, Callable] = {"SGD": detectron2_build_optimizer, "AdamW": _adamw}
 
 
 def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """``OPTIMIZERS[cfg.SOLVER.OPTIMIZER](cfg, model)``."""
+    """``OPTIMIZERS[cfg.SOLVER.OPTIMIZER](cfg, model)``.
+
+    Raises:
+        ConfigValueError: ``SOLVER.OPTIMIZER`` not in :data:`OPTIMIZERS` (the message lists them).
+    """
+    check_one_of(cfg.SOLVER.OPTIMIZER, tuple(OPTIMIZERS), "SOLVER.OPTIMIZER", config_error)
     return OPTIMIZERS[cfg.SOLVER.OPTIMIZER](cfg, model)

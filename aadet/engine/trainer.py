@@ -16,8 +16,6 @@ Differences from ``DefaultTrainer``, each for a reason:
 * with ``TEST.AUG.ENABLED``, a test-time-augmented evaluation after training as well
   (:meth:`Trainer.test_with_TTA`, results under ``bbox_TTA``), as Detectron2's ``train_net.py``
   does for R-CNNs, here for RetinaNet (:class:`~aadet.modeling.RetinaNetWithTTA`);
-* a run summary (``<OUTPUT_DIR>/run_summary.json``: config, seed, commit, machine, wall time,
-  final metrics; :class:`~aadet.engine.hooks.RunSummaryHook`) when training ends;
 * with ``MODEL_EMA.ENABLED``, a moving average of the weights (:class:`~aadet.engine.ema.ModelEMA`,
   updated by :class:`~aadet.engine.hooks.EMAHook`, checkpointed as ``model_ema`` and restored by
   ``--resume``) is what every evaluation in training measures.
@@ -50,8 +48,8 @@ from ..modeling.test_time_augmentation import RetinaNetWithTTA
 from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader, set_train_results
 from .checkpoint import AADetCheckpointer
 from .compile import maybe_compile
-from .ema import ModelEMA
-from .hooks import AttentionStatsHook, EMAHook, RunSummaryHook
+from .ema import build_model_ema
+from .hooks import AttentionStatsHook, EMAHook
 from .optimizer import build_optimizer
 from .rank_sync import check_ranks_agree, weights_fingerprint
 
@@ -70,10 +68,6 @@ class Trainer(DefaultTrainer):
 
     #: The moving average of the weights (``MODEL_EMA.ENABLED``), built by :meth:`build_hooks`.
     model_ema = None
-
-    #: ``(config_file, opts)`` the config was made from, for the run summary; set by
-    #: ``tools/train_net.py``.
-    config_source = ("", ())
 
     #: The last evaluation's results (``DefaultTrainer.test``'s dict), None before one.
     last_eval_results = None
@@ -197,8 +191,7 @@ class Trainer(DefaultTrainer):
             return self.test_with_TTA(self.cfg, self.model)
 
     def build_hooks(self):
-        ema = self.cfg.MODEL_EMA
-        self.model_ema = ModelEMA(self.model, ema.DECAY) if ema.ENABLED else None
+        self.model_ema = build_model_ema(self.cfg, self.model)
         # Swap Detectron2's checkpointer for the atomic/strict one before hooks capture it.
         old = self.checkpointer
         self.checkpointer = AADetCheckpointer(
@@ -246,7 +239,4 @@ class Trainer(DefaultTrainer):
             extra.append(hooks.EvalHook(0, self._evaluate_with_TTA))
         idx = next((i for i, h in enumerate(ret) if isinstance(h, hooks.PeriodicWriter)), len(ret))
         ret[idx:idx] = extra
-        # Last: its after_train reads the final evaluation that the EvalHooks' after_train ran.
-        config_file, opts = self.config_source
-        ret.append(RunSummaryHook(config_file, opts))
         return ret

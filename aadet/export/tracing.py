@@ -21,9 +21,11 @@ and block layouts, and the anchors, are computed from the map sizes at trace tim
 have a fixed input shape (onnxruntime rejects another size); :class:`ExportedDetector` checks the
 size for TorchScript files too. Export once per input size.
 
-Attention layers trace with plain tensor ops: ``impl="auto"`` picks the materialized routes while
+Attention layers trace with plain tensor ops: ``impl="auto"`` picks an exporting route while
 tracing or exporting (no custom ``autograd.Function``, no SDPA, halo windows gathered with
-``index_select``; :func:`aadet.layers.functional.is_exporting`). The export is PyTorch's
+``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL`` and
+``MODEL.SASA.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
+(:func:`check_exportable`). The export is PyTorch's
 TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
 """
 import contextlib
@@ -39,7 +41,10 @@ from detectron2.data import transforms as T
 from detectron2.export import TracingAdapter
 from detectron2.modeling.meta_arch.retinanet import RetinaNet
 
-from ..config import ConfigValueError
+from ..config import config_error
+from ..layers.functional.checks import check_one_of
+from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
+from ..layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
 from ..modeling.box_voting import bbox_vote_thresh
 
 __all__ = [
@@ -63,10 +68,8 @@ FILE_NAMES = {"torchscript": "model.ts", "onnx": "model.onnx"}
 ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
-# MODEL.SASA.IMPL values that export: "auto" switches to "materialized" while tracing.
-# "cpp" and "neighborhood" are custom autograd.Functions and "fused" calls SDPA: none is traced
-# into plain ops.
-EXPORTABLE_SASA_IMPLS = ("auto", "materialized")
+#: The config keys naming an attention route, and the registry of each.
+IMPL_KEYS = {"MODEL.AA.IMPL": LOGIT_TABLE_BACKENDS, "MODEL.SASA.IMPL": LOCAL_ATTENTION_BACKENDS}
 
 
 def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
@@ -78,12 +81,14 @@ def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
             f"ONNX opset must be in [{ONNX_OPSETS[0]}, {ONNX_OPSETS[-1]}] (the tested range); "
             f"got {opset}"
         )
-    impl = cfg.MODEL.SASA.IMPL
-    if impl not in EXPORTABLE_SASA_IMPLS:
-        raise ConfigValueError(
-            f"MODEL.SASA.IMPL must be one of {EXPORTABLE_SASA_IMPLS} to export (\"auto\" takes "
-            f"the plain-ops \"materialized\" route while tracing); got {impl!r}, which does not "
-            "trace into plain ops"
+    for key, routes in IMPL_KEYS.items():
+        node = cfg
+        for name in key.split("."):
+            node = node[name]
+        check_one_of(
+            node, routes.exportable(), key, config_error,
+            " to export: the routes that trace into plain tensor ops (\"auto\" takes one of them "
+            "while tracing)",
         )
 
 

@@ -30,16 +30,19 @@ from torch import nn
 
 from .functional.blocks import (
     add_block_relative_logits,
-    block_attention,
+    block_attention_unchecked,
     block_attention_probs,
     block_padding_mask,
     block_softmax,
     blocks_to_map,
     map_to_blocks,
 )
-from .functional.checks import check_num_heads, check_positive_int
+from .functional.checks import check_num_heads, check_one_of, check_positive_int
 
-__all__ = ["SpatiallyAwareAttentionStem"]
+__all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS"]
+
+#: The stem's ``positional_encoding`` values: relative logits inside the block, or none.
+POSITIONAL_ENCODINGS = ("relative", "none")
 
 NormSpec = Union[str, None, nn.Module, Callable[[int], nn.Module]]
 
@@ -98,10 +101,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("block_size", block_size), ("num_mixtures", num_mixtures)):
             check_positive_int(value, name)
-        if positional_encoding not in ("relative", "none"):
-            raise ValueError(
-                f"positional_encoding must be 'relative' or 'none'; got {positional_encoding!r}"
-            )
+        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
         dkh = check_num_heads(
             num_heads,
             out_channels,
@@ -109,8 +109,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
             per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
         )
         d_emb = out_channels if embedding_dim is None else embedding_dim
-        if not isinstance(d_emb, int) or d_emb < 1:
-            raise ValueError(f"embedding_dim must be an integer >= 1; got {embedding_dim!r}")
+        check_positive_int(d_emb, "embedding_dim")
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -232,7 +231,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         wq, wk, w_v = self._head_weights(xb.dtype)
         q, k = self._project_qk(xb, wq, wk)
         v = self._block_heads(torch.einsum("npi,poi->npo", xb, w_v))  # v_j = W_V(j) x_j
-        out = block_attention(q, k, v, self.rel_h, self.rel_w, self.block_size, mask)
+        # q, k, v are made above from the layer's checked weights: no argument to check again.
+        out = block_attention_unchecked(q, k, v, self.rel_h, self.rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
     def attention_probs(self, x: torch.Tensor, blocks: Optional[torch.Tensor] = None) -> torch.Tensor:

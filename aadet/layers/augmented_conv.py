@@ -35,18 +35,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.checks import check_impl
-from .functional.logit_tables import LOGIT_TABLE_IMPLS
+from .functional.checks import (
+    Interval,
+    check_in,
+    check_int,
+    check_kernel_size,
+    check_one_of,
+    check_positive_int,
+    check_query_chunk,
+)
+from .functional.dispatch import AUTO
+from .functional.logit_tables import LOGIT_TABLE_BACKENDS
 from .functional.relative_attention import (
     relative_attention_weights_2d,
-    relative_self_attention_2d,
+    relative_self_attention_2d_unchecked,
     relative_table_for_length,
 )
 from .position_encoding import coord_channels, sine_2d
 
-__all__ = ["AugmentedConv2d", "attention_depth", "POSITIONAL_ENCODINGS"]
+__all__ = ["AugmentedConv2d", "attention_depth", "KAPPA_RANGE", "NU_RANGE", "POSITIONAL_ENCODINGS"]
 
 POSITIONAL_ENCODINGS = ("relative", "none", "sine2d", "coordconv")
+#: ``kappa = dk / Fout``: any positive key depth (the layer's and ``MODEL.AA.KAPPA``'s range).
+KAPPA_RANGE = Interval(0.0)
+#: ``nu = dv / Fout``: ``dv < Fout``, so that some channels stay convolutional.
+NU_RANGE = Interval(0.0, 1.0)
 
 
 def attention_depth(ratio: float, out_channels: int, num_heads: int, min_per_head: int = 1) -> int:
@@ -76,13 +89,6 @@ def _conv_out_size(size: int, kernel_size: int, stride: int, dilation: int, padd
     return (size + 2 * padding - dilation * (kernel_size - 1) - 1) // stride + 1
 
 
-def _check_int(name: str, value, minimum: int, extra: str = ""):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"AugmentedConv2d: {name} must be an integer >= {minimum}{extra}; got {value!r}"
-        )
-
-
 class AugmentedConv2d(nn.Module):
     """Attention Augmented 2D convolution (Bello et al., ICCV 2019).
 
@@ -92,10 +98,10 @@ class AugmentedConv2d(nn.Module):
     average pooled to the stride, 3x3/2 for stride 2), or at half of it when
     ``attention_downsample`` (then bilinearly upsampled back to exactly ``[Ho, Wo]``).
 
-    Depths: give either ``dk``/``dv`` (absolute) or ``kappa``/``nu`` (ratios to ``Fout``; paper
-    default ``kappa = 2 nu = 0.2``), rounded by :func:`attention_depth` to the nearest multiple
-    of ``num_heads`` (at least one channel per head, and for ``dk`` at least
-    ``min_dk_per_head`` per head: the paper's CIFAR models use a minimum of 20).
+    Depths: ``kappa``/``nu`` (ratios to ``Fout``; paper: ``kappa = 2 nu = 0.2``), rounded by
+    :func:`attention_depth` to the nearest multiple of ``num_heads`` (at least one channel per
+    head, and for ``dk`` at least ``min_dk_per_head`` per head: the paper's CIFAR models use a
+    minimum of 20), or ``dk``/``dv`` given as absolute depths instead.
 
     Position encodings (``positional_encoding``):
       * ``"relative"`` (paper): learned 2D relative logits; tables ``rel_h``, ``rel_w`` of shape
@@ -122,9 +128,12 @@ class AugmentedConv2d(nn.Module):
     Args:
         in_channels: ``Fin``.
         out_channels: ``Fout`` (conv channels ``Fout - dv`` plus attention channels ``dv``).
-        kernel_size, stride, dilation, groups, bias: of the conv branch (kernel_size odd).
-        dk, dv: key and value depths (multiples of ``num_heads``, ``0 < dv < Fout``).
-        kappa, nu: ratios ``dk / Fout`` and ``dv / Fout``, used when ``dk`` / ``dv`` are None.
+        kernel_size, stride, dilation, groups, bias: of the conv branch (kernel_size odd, so
+            that the "same"-padded conv's size matches the attention branch's).
+        kappa, nu: ratios ``dk / Fout`` (:data:`KAPPA_RANGE`) and ``dv / Fout``
+            (:data:`NU_RANGE`).
+        dk, dv: key and value depths (multiples of ``num_heads``, ``0 < dv < Fout``); when
+            given, they replace ``kappa`` / ``nu``.
         num_heads: ``Nh``.
         positional_encoding: one of ``POSITIONAL_ENCODINGS``.
         attention_downsample: run attention on a 3x3/2 average-pooled input (paper: in the
@@ -132,14 +141,13 @@ class AugmentedConv2d(nn.Module):
         max_size: ``Lmax``, the largest attention-map side the relative tables cover.
         clip_distances: clip relative distances to the tables instead of raising.
         min_dk_per_head: minimum ``dk / Nh`` when ``dk`` comes from ``kappa``.
-        impl: one of :data:`LOGIT_TABLE_IMPLS` (``"auto"``, ``"fused"``, ``"materialized"``,
-            ``"cpp"``, ...), passed to
-            :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`;
-            ``"auto"`` is the C++ kernel on CPU (where it builds) and the fused SDPA route on
-            CUDA, the materialized route for float64 and under tracing/export.
+        impl: ``"auto"`` (:func:`~aadet.layers.functional.logit_tables.auto_logit_table_impl`)
+            or a route of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`,
+            passed to
+            :func:`~aadet.layers.functional.relative_attention.relative_self_attention_2d`.
         query_chunk: queries per chunk of the materialized route (0 = all at once), which
             bounds its memory to ``B * Nh * query_chunk * hw`` logits; it matters only where that
-            route runs (``impl="materialized"``, float64, tracing/export under ``"auto"``).
+            route runs.
     """
 
     def __init__(
@@ -152,45 +160,34 @@ class AugmentedConv2d(nn.Module):
         groups: int = 1,
         bias: bool = False,
         *,
+        kappa: float = 0.2,
+        nu: float = 0.1,
         dk: Optional[int] = None,
         dv: Optional[int] = None,
-        kappa: Optional[float] = None,
-        nu: Optional[float] = None,
         num_heads: int = 8,
         positional_encoding: str = "relative",
         attention_downsample: bool = False,
         max_size: int = 64,
         clip_distances: bool = False,
         min_dk_per_head: int = 1,
-        impl: str = "auto",
+        impl: str = AUTO,
         query_chunk: int = 0,
     ):
         super().__init__()
-        _check_int("in_channels", in_channels, 1)
-        _check_int("out_channels", out_channels, 2, " (some conv and some attention channels)")
-        _check_int("kernel_size", kernel_size, 1)
-        if kernel_size % 2 == 0:
-            raise ValueError(
-                f"AugmentedConv2d: kernel_size must be odd (the conv branch is 'same'-padded so "
-                f"that its size matches the attention branch); got {kernel_size}"
-            )
-        _check_int("stride", stride, 1)
-        _check_int("dilation", dilation, 1)
-        _check_int("groups", groups, 1)
-        _check_int("num_heads", num_heads, 1)
-        _check_int("max_size", max_size, 1)
-        _check_int("min_dk_per_head", min_dk_per_head, 1)
-        _check_int("query_chunk", query_chunk, 0, " (0 = all queries at once)")
-        if positional_encoding not in POSITIONAL_ENCODINGS:
-            raise ValueError(
-                f"AugmentedConv2d: positional_encoding must be one of {POSITIONAL_ENCODINGS}; "
-                f"got {positional_encoding!r}"
-            )
-        check_impl(impl, LOGIT_TABLE_IMPLS, name="AugmentedConv2d: impl")
+        check_positive_int(in_channels, "in_channels")
+        check_int(out_channels, "out_channels", 2, note=" (some conv and some attention channels)")
+        check_kernel_size(kernel_size)
+        for name, value in (("stride", stride), ("dilation", dilation), ("groups", groups),
+                            ("num_heads", num_heads), ("max_size", max_size),
+                            ("min_dk_per_head", min_dk_per_head)):
+            check_positive_int(value, name)
+        check_query_chunk(query_chunk)
+        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
+        LOGIT_TABLE_BACKENDS.check(impl)
 
-        dk = self._resolve_depth("dk", "kappa", dk, kappa, 0.2, out_channels, num_heads,
+        dk = self._resolve_depth("dk", "kappa", dk, kappa, KAPPA_RANGE, out_channels, num_heads,
                                  min_dk_per_head, upper=None)
-        dv = self._resolve_depth("dv", "nu", dv, nu, 0.1, out_channels, num_heads, 1,
+        dv = self._resolve_depth("dv", "nu", dv, nu, NU_RANGE, out_channels, num_heads, 1,
                                  upper=out_channels)
         if in_channels % groups != 0 or (out_channels - dv) % groups != 0:
             raise ValueError(
@@ -231,21 +228,14 @@ class AugmentedConv2d(nn.Module):
             self.register_parameter("rel_w", None)
 
     @staticmethod
-    def _resolve_depth(
-        name, ratio_name, depth, ratio, default_ratio, fout, nh, min_per_head, upper
-    ):
-        if depth is not None and ratio is not None:
-            raise ValueError(f"AugmentedConv2d: give {name} or {ratio_name}, not both; got "
-                             f"{name}={depth!r}, {ratio_name}={ratio!r}")
+    def _resolve_depth(name, ratio_name, depth, ratio, ratio_range, fout, nh, min_per_head, upper):
+        """``depth`` as given, else from ``ratio`` (:func:`attention_depth`); checked."""
         if depth is None:
-            ratio = default_ratio if ratio is None else ratio
-            hi = 1.0 if upper is not None else math.inf  # nu < 1: some conv channels remain
-            is_number = isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
-            if not is_number or not 0.0 < ratio < hi:
-                rng = "in (0, 1)" if upper is not None else "> 0"
-                raise ValueError(f"AugmentedConv2d: {ratio_name} must be {rng}; got {ratio!r}")
+            check_in(ratio, ratio_range, ratio_name)
             depth = attention_depth(ratio, fout, nh, min_per_head)
-        _check_int(name, depth, 1)
+        else:
+            ratio = None  # the message below names the ratio only where the depth came from it
+        check_positive_int(depth, name)
         if depth % nh != 0:
             raise ValueError(f"AugmentedConv2d: num_heads={nh} must divide {name}={depth} "
                              f"({name} / num_heads >= 1 channels per head)")
@@ -389,7 +379,8 @@ class AugmentedConv2d(nn.Module):
         q, k, v = self._qkv(xa)  # [B, Nh, h, w, dkh | dvh]
         b, nh, h, w, _ = v.shape
         rel_h, rel_w = self._relative_embeddings(h, w)
-        attn = relative_self_attention_2d(
+        # impl and query_chunk were checked when the layer was built; q, k, v are made above.
+        attn = relative_self_attention_2d_unchecked(
             q, k, v, rel_h, rel_w, impl=self.impl, query_chunk=self.query_chunk
         )  # [B, Nh, h, w, dvh]
         attn = attn.permute(0, 1, 4, 2, 3).reshape(b, self.dv, h, w)  # combine heads [B, dv, h, w]

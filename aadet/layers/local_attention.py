@@ -7,15 +7,15 @@ relative logits ``q . r_{a-i, b-j}`` (row and column offset embeddings of ``dkh/
 each, concatenated). Section 3.1: when a spatial convolution had a stride, the attention layer
 is followed by a 2x2 average pooling with stride 2.
 
-The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (offset by
-offset on CPU, blocked with halos through fused SDPA on CUDA, plain tensor ops when traced or
-exported; exact at the map borders; see there). This module adds the projections, the head
+The attention itself is :func:`aadet.layers.functional.local_self_attention_2d` (one of the
+routes of ``LOCAL_ATTENTION_BACKENDS``, all exact at the map borders; see there). This module
+adds the projections, the head
 split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling, and, like
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
 """
 import inspect
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +24,23 @@ from torch import nn
 from .functional.backends.sasa_halo import halo_local_attention_macs
 from .functional.checks import (
     check_block_size,
-    check_impl,
     check_kernel_size,
     check_num_heads,
+    check_one_of,
     check_positive_int,
 )
-from .functional.local_attention import LOCAL_ATTENTION_IMPLS, local_self_attention_2d
+from .functional.dispatch import AUTO
+from .functional.local_attention import (
+    DEFAULT_BLOCK_SIZE,
+    LOCAL_ATTENTION_BACKENDS,
+    local_self_attention_2d_unchecked,
+)
 from .position_encoding import sine_2d
 
 __all__ = [
     "ATTENTION_OPTIONS",
     "LocalSelfAttention2d",
     "POSITIONAL_ENCODINGS",
-    "attention_option_defaults",
     "split_heads",
     "merge_heads",
 ]
@@ -93,10 +97,11 @@ class LocalSelfAttention2d(nn.Module):
         kernel_size: odd spatial extent ``k >= 1`` (paper: 7).
         num_heads: ``Nh``, must divide ``out_channels`` (paper: 8).
         stride: 1 or 2.
-        positional_encoding: ``"relative"`` (needs ``dkh >= 2``), ``"sine2d"`` or ``"none"``.
+        positional_encoding: one of :data:`POSITIONAL_ENCODINGS` (``"relative"`` needs
+            ``dkh >= 2``).
         block_size: query tile side of the blocked routes (speed/memory only).
-        impl: one of :data:`~aadet.layers.LOCAL_ATTENTION_IMPLS`: ``"auto"``,
-            ``"neighborhood"``, ``"cpp"``, ``"fused"``, ``"materialized"`` or ``"triton"`` (see
+        impl: ``"auto"`` or a route of
+            :data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
@@ -112,8 +117,8 @@ class LocalSelfAttention2d(nn.Module):
         num_heads: int = 8,
         stride: int = 1,
         positional_encoding: str = "relative",
-        block_size: int = 8,
-        impl: str = "auto",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        impl: str = AUTO,
         *,
         bias: bool = False,
         norm: Optional[nn.Module] = None,
@@ -126,10 +131,7 @@ class LocalSelfAttention2d(nn.Module):
         check_kernel_size(kernel_size)
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2; got {stride!r}")
-        if positional_encoding not in POSITIONAL_ENCODINGS:
-            raise ValueError(
-                f"positional_encoding must be one of {POSITIONAL_ENCODINGS}; got {positional_encoding!r}"
-            )
+        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
         relative = positional_encoding == "relative"
         dkh = check_num_heads(
             num_heads,
@@ -137,7 +139,7 @@ class LocalSelfAttention2d(nn.Module):
             min_per_head=2 if relative else 1,
             per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
         )
-        check_impl(impl, LOCAL_ATTENTION_IMPLS)
+        LOCAL_ATTENTION_BACKENDS.check(impl)
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -201,9 +203,9 @@ class LocalSelfAttention2d(nn.Module):
         """``[B, in_channels, H, W]`` -> ``[B, out_channels, ceil(H/stride), ceil(W/stride)]``."""
         q, k = self.queries_keys(x)  # [B, Nh, H, W, dkh]
         v = split_heads(self.value(x), self.num_heads)  # [B, Nh, H, W, dkh]
-        out = local_self_attention_2d(
-            q, k, v, self.rel_h, self.rel_w, self.kernel_size,
-            block_size=self.block_size, impl=self.impl,
+        # The arguments were checked when the layer was built; q, k, v are made above.
+        out = local_self_attention_2d_unchecked(
+            q, k, v, self.rel_h, self.rel_w, self.kernel_size, self.block_size, self.impl
         )  # [B, Nh, H, W, dkh]
         out = merge_heads(out)  # [B, out_channels, H, W]
         if self.stride == 2:
@@ -283,14 +285,7 @@ CONV_ARGUMENTS = ("in_channels", "out_channels", "stride", "bias", "norm", "acti
 
 #: Its other arguments, the attention options (``kernel_size``, ``num_heads``,
 #: ``positional_encoding``, ``block_size``, ``impl``, ...): the SASA models pass them through
-#: unchanged (``**kwargs``) from ``MODEL.SASA.*``. Their defaults are the layer's signature and
-#: nowhere else (:func:`attention_option_defaults`).
+#: unchanged (``**kwargs``) from ``MODEL.SASA.*``, whose defaults are read from this signature.
 ATTENTION_OPTIONS = tuple(
     name for name in inspect.signature(LocalSelfAttention2d).parameters if name not in CONV_ARGUMENTS
 )
-
-
-def attention_option_defaults() -> Dict[str, Any]:
-    """``{option: default}`` of :data:`ATTENTION_OPTIONS`, read from the layer's signature."""
-    params = inspect.signature(LocalSelfAttention2d).parameters
-    return {name: params[name].default for name in ATTENTION_OPTIONS}

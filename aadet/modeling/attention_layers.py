@@ -1,43 +1,34 @@
 """The attention layers of the models, from the config: the one place that reads the layer keys.
 
-* :func:`aa_layer_kwargs`: ``MODEL.AA.*`` -> :class:`~aadet.layers.AugmentedConv2d` arguments
-  (AA-ResNet).
+* :func:`aa_layer_kwargs`: ``MODEL.AA.*`` -> :class:`~aadet.layers.AugmentedConv2d` options
+  (the AA-ResNet's ``attention`` argument).
 * :func:`sasa_layer_kwargs`: ``MODEL.SASA.*`` -> :class:`~aadet.layers.LocalSelfAttention2d`
-  arguments (SASA-ResNet blocks, attentional FPN, attentional RetinaNet head).
+  options (SASA-ResNet blocks, attentional FPN, attentional RetinaNet head).
 * :func:`local_attention_for_conv`: a :class:`~aadet.layers.LocalSelfAttention2d` standing in for
   a 3x3 convolution (same channels, stride, bias, norm and activation), used by all three.
+
+The keys were checked by :func:`aadet.config.validate_aadet_config` (with the layers' rules), and
+the layers check their arguments when they are built: nothing is checked again here.
 """
-import math
 from typing import Callable
 
 from torch import nn
 
-from ..config import check_aa_config, check_sasa_config
 from ..layers.local_attention import LocalSelfAttention2d
 
 __all__ = ["aa_layer_kwargs", "sasa_layer_kwargs", "local_attention_for_conv"]
 
 
-def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
-    """:class:`AugmentedConv2d` arguments of the blocks of ``stage`` (output stride given).
-
-    ``max_size = ceil(MODEL.AA.MAX_INPUT_SIZE / stage_stride)``, halved again (rounded up) in
-    ``MODEL.AA.DOWNSAMPLE_STAGES``: the attention-map side of the largest allowed input (e.g.
-    224 -> 28 / 14 / 7 at res3 / res4 / res5, 14 at a downsampled res3).
-    """
-    check_aa_config(cfg)
+def aa_layer_kwargs(cfg) -> dict:
+    """:class:`AugmentedConv2d` options from ``MODEL.AA.{KAPPA, NU, NUM_HEADS,
+    POSITIONAL_ENCODING, CLIP_DISTANCES, MIN_DK_PER_HEAD, IMPL}`` (those every augmented layer
+    shares; the AA-ResNet adds each stage's ``max_size`` and ``attention_downsample``)."""
     aa = cfg.MODEL.AA
-    downsample = stage in aa.DOWNSAMPLE_STAGES
-    max_size = math.ceil(aa.MAX_INPUT_SIZE / stage_stride)
-    if downsample:
-        max_size = math.ceil(max_size / 2)
     return dict(
         kappa=float(aa.KAPPA),
         nu=float(aa.NU),
         num_heads=aa.NUM_HEADS,
         positional_encoding=aa.POSITIONAL_ENCODING,
-        attention_downsample=downsample,
-        max_size=max_size,
         clip_distances=bool(aa.CLIP_DISTANCES),
         min_dk_per_head=aa.MIN_DK_PER_HEAD,
         impl=aa.IMPL,
@@ -45,9 +36,8 @@ def aa_layer_kwargs(cfg, stage: str, stage_stride: int) -> dict:
 
 
 def sasa_layer_kwargs(cfg) -> dict:
-    """:class:`LocalSelfAttention2d` arguments from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
-    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}`` (checked)."""
-    check_sasa_config(cfg)
+    """:class:`LocalSelfAttention2d` options from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
+    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}``."""
     sa = cfg.MODEL.SASA
     return dict(
         kernel_size=sa.KERNEL_SIZE,

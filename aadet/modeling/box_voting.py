@@ -12,21 +12,37 @@ import torch
 from detectron2.layers import batched_nms
 from detectron2.structures import Boxes, Instances, pairwise_iou
 
-from ..config import VOTE_THRESH_ALLOWED, is_valid_vote_thresh  # the config's range, re-exported
+from ..config import config_error
+from ..layers.functional.checks import Interval, argument_error, check_in
 
 __all__ = [
-    "VOTE_THRESH_ALLOWED",
+    "VOTE_THRESH_RANGE",
     "bbox_vote_thresh",
     "box_voting",
-    "is_valid_vote_thresh",
+    "check_vote_thresh",
     "nms_and_vote",
 ]
+
+#: The IoU at or above which a candidate votes (``TEST.BBOX_VOTE.VOTE_TH``; 0 means off where
+#: a model or TTA takes the threshold).
+VOTE_THRESH_RANGE = Interval(0.0, 1.0, high_closed=True)
+
+
+def check_vote_thresh(value, name: str, error=argument_error) -> None:
+    """``value`` is 0 (voting off) or in :data:`VOTE_THRESH_RANGE`."""
+    if value != 0 or isinstance(value, bool):
+        check_in(value, VOTE_THRESH_RANGE, name, error, " (or 0: off)")
 
 
 def bbox_vote_thresh(cfg) -> float:
     """The vote IoU threshold the config asks for: ``TEST.BBOX_VOTE.VOTE_TH`` when
-    ``TEST.BBOX_VOTE.ENABLED``, else 0 (off)."""
+    ``TEST.BBOX_VOTE.ENABLED``, else 0 (off).
+
+    Raises:
+        ConfigValueError: ``VOTE_TH`` outside :data:`VOTE_THRESH_RANGE`, enabled or not.
+    """
     vote = cfg.TEST.BBOX_VOTE
+    check_in(vote.VOTE_TH, VOTE_THRESH_RANGE, "TEST.BBOX_VOTE.VOTE_TH", config_error)
     return float(vote.VOTE_TH) if vote.ENABLED else 0.0
 
 
@@ -38,16 +54,14 @@ def box_voting(kept: Instances, candidates: Instances, vote_thresh: float) -> In
             also in ``candidates`` (e.g. ``candidates[keep]`` after NMS), so every box has at least
             itself as a voter.
         candidates: ``N`` detections of the same image before NMS.
-        vote_thresh: IoU (:data:`VOTE_THRESH_ALLOWED`) at or above which a candidate of the
-            same class votes.
+        vote_thresh: IoU (:data:`VOTE_THRESH_RANGE`; not checked here: the model and TTA check
+            theirs when built) at or above which a candidate of the same class votes.
 
     Returns:
         ``kept``, its ``pred_boxes [K, 4]`` replaced in place (``sum_j s_j b_j / sum_j s_j`` over
         voters ``j``; an empty box, which overlaps nothing, keeps its own); the other fields as
         they were. No branch depends on ``K`` or ``N``, so a traced graph works for any count.
     """
-    if not is_valid_vote_thresh(vote_thresh):
-        raise ValueError(f"box_voting: vote_thresh must be {VOTE_THRESH_ALLOWED}; got {vote_thresh!r}")
     iou = pairwise_iou(kept.pred_boxes, candidates.pred_boxes)  # [K, N]
     same_class = kept.pred_classes[:, None] == candidates.pred_classes[None, :]  # [K, N]
     boxes = candidates.pred_boxes.tensor  # [N, 4]

@@ -1,7 +1,7 @@
 """Utilities: readable drawings of detections and ground truth (:mod:`aadet.utils.visualizer`),
 looking through DDP wrappers (:func:`~aadet.utils.modules.unwrap_model`), the tools' image reading
-(:mod:`aadet.utils.images`), run summaries (:mod:`aadet.utils.run_summary`), and the one module that
-touches Detectron2 and fvcore internals (:mod:`aadet.utils.d2compat`).
+(:mod:`aadet.utils.images`), and the one module that touches Detectron2 and fvcore internals
+(:mod:`aadet.utils.d2compat`).
 
 The utils floor sits under ``aadet.modeling``: nothing here imports from aadet above ``aadet.layers``.
 """

@@ -1,44 +1,25 @@
-"""Model analysis and benchmarks: exact parameter counts of every COCO config, FLOP counting that
-includes attention (hand counts on tiny inputs), the committed model table against the tool, the
-timing/memory helpers, the naive layer references, and a tiny end-to-end benchmark run."""
+"""Model analysis (``aadet.analysis``): exact parameter counts of every COCO config, FLOP counting
+that includes attention (hand counts on tiny inputs)."""
 
-import functools
-import json
+import glob
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from detectron2.modeling import build_model
 from torch import nn
 
 from aadet.analysis import attention_flops, count_flops, parameter_breakdown
-from aadet.analysis.model_table import (
-    COLUMNS,
-    FLOP_COLUMNS,
-    MARKDOWN_COMMAND,
-    SUMMARY_BEGIN,
-    SUMMARY_END,
-    TABLE_END,
-    list_configs,
-    load_demo_results,
-    parse_markdown,
-    render_markdown,
-    render_summary,
-    splice_summary,
-)
-from aadet.analysis.report import markdown_table
-from aadet.analysis.timing import time_fn
+from aadet.engine import load_config
 from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 
-from tests.helpers import REPO, load_tool
+from tests.helpers import REPO
 
-TABLE = os.path.join(REPO, "docs", "model_table.md")
 
-# Exact parameter counts (total, bottom-up, FPN, head), measured with tools/analyze_model.py and
-# committed: an accidental architecture change fails here loudly. Update deliberately, together
-# with docs/model_table.md (`python tools/analyze_model.py --all --markdown > docs/model_table.md`).
+# Exact parameter counts (total, bottom-up, FPN, head) of every COCO config, committed: an
+# accidental architecture change fails here loudly. Update deliberately, with `make docs` (the
+# model table counts them again).
 COCO_PARAMS = {
     "aa_retinanet_R_101_FPN_scratch_150ep": (52029882, 41692358, 3870208, 6467316),
     "aa_retinanet_R_50_FPN_scratch_150ep": (33417398, 23079874, 3870208, 6467316),
@@ -62,22 +43,7 @@ COCO_PARAMS = {
         3323380,
     ),
 }
-COCO_CONFIGS = list_configs(os.path.join(REPO, "configs", "COCO-Detection"))
-ALL_CONFIGS = list_configs(os.path.join(REPO, "configs"))
-# Table rows whose FLOPs the test recounts (a 640x640 count of every config takes ~1.5 min on two
-# busy cores): AA at the papers' size, a SASA backbone at the papers' size, and the demo model
-# with every SASA attention type (stem, backbone, FPN, head).
-FLOP_CHECKED = (
-    "COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep",
-    "COCO-Detection/sasa_convstem_retinanet_R_50_FPN_scratch_150ep",
-    "Demo/trees_SASA_full_attention_R_26_slim",
-)
-
-
-@functools.lru_cache(maxsize=None)
-def _row(config_file, flops):
-    demo = load_demo_results(os.path.join(REPO, "docs", "demo_results.json"))
-    return load_tool("analyze_model").analyze_config(config_file, flops=flops, demo_results=demo)
+COCO_CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "COCO-Detection", "*.yaml")))
 
 
 def _name(path):
@@ -95,7 +61,8 @@ def test_every_coco_config_has_committed_counts():
 
 @pytest.mark.parametrize("config", COCO_CONFIGS, ids=_name)
 def test_coco_parameter_counts_exact(config):
-    p = _row(config, False).params
+    torch.manual_seed(0)
+    p = parameter_breakdown(build_model(load_config(config, ["MODEL.DEVICE", "cpu"])))
     got = (p["total"], p["backbone"], p["fpn"], p["head"])
     assert (
         got == COCO_PARAMS[_name(config)]
@@ -224,158 +191,3 @@ def test_shared_layer_counts_every_call():
     one = count_flops(layer.eval(), torch.randn(1, 8, 4, 4)).total
     two = count_flops(TwoCalls().eval(), (torch.randn(1, 8, 4, 4), torch.randn(1, 8, 4, 4))).total
     assert two == 2 * one
-
-
-# ----------------------------------------------------------------------------- model table
-def _committed_table():
-    with open(TABLE) as f:
-        return f.read()
-
-
-def test_model_table_matches_the_tool():
-    text = _committed_table()
-    committed = parse_markdown(text)
-    keys = {_row(c, False).config for c in ALL_CONFIGS}
-    assert set(committed) == keys, (
-        f"docs/model_table.md rows differ from configs/: missing {sorted(keys - set(committed))}, "
-        f"extra {sorted(set(committed) - keys)}; regenerate it with "
-        f"`python tools/analyze_model.py --all --markdown > docs/model_table.md`"
-    )
-    for config in ALL_CONFIGS:
-        key = _row(config, False).config
-        row = _row(config, key in FLOP_CHECKED)
-        fresh = render_markdown([row], "x")
-        cells = parse_markdown(fresh)[key]
-        compared = COLUMNS if key in FLOP_CHECKED else [c for c in COLUMNS if c not in FLOP_COLUMNS]
-        diff = {c: (committed[key][c], cells[c]) for c in compared if committed[key][c] != cells[c]}
-        assert not diff, (
-            f"{key}: docs/model_table.md disagrees with tools/analyze_model.py (committed, tool): {diff}; "
-            f"regenerate it with `python tools/analyze_model.py --all --markdown > docs/model_table.md`"
-        )
-
-
-def test_model_table_text_is_the_tools():
-    tool = load_tool("analyze_model")
-    preamble = render_markdown([], tool.MARKDOWN_COMMAND).split("| Config |")[0]
-    assert _committed_table().split("| Config |")[0] == preamble
-
-
-def test_parse_markdown_errors():
-    with pytest.raises(ValueError, match="model-table:begin"):
-        parse_markdown("no table here")
-
-
-# ----------------------------------------------------------------------------- timing helpers
-def test_time_fn_and_peak_memory():
-    calls = []
-    t = time_fn(lambda: calls.append(1), warmup=2, iters=3)
-    assert len(calls) == 5 and t["iters"] == 3 and t["median_s"] >= 0 and len(t["times_s"]) == 3
-    # In a fresh process: in a long pytest run the resident set can shrink inside the phase
-    # (freed heap, reclaimed file pages) and hide part of the allocation.
-    code = (
-        "import json, torch\n"
-        "from aadet.analysis.timing import PeakMemory\n"
-        "with PeakMemory('cpu') as mem:\n"
-        "    x = torch.ones(128 * 2**20 // 4)  # 128 MiB, touched\n"
-        "    del x\n"
-        "print(json.dumps([mem.exact, mem.peak_bytes]))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=REPO))
-    assert p.returncode == 0, p.stderr[-2000:]
-    exact, peak = json.loads(p.stdout.strip().splitlines()[-1])
-    assert peak >= 96 * 2**20 if exact else peak >= 0, (exact, peak)
-    with pytest.raises(ValueError, match="iters >= 1"):
-        time_fn(lambda: None, warmup=0, iters=0)
-
-
-def test_markdown_table_shape_errors():
-    assert markdown_table(["a", "b"], [[1, 2]]).count("\n") == 3
-    with pytest.raises(ValueError, match="2 columns"):
-        markdown_table(["a", "b"], [[1]])
-
-
-# ----------------------------------------------------------------------------- benchmarks
-def test_layer_benchmark_naive_references_agree_with_ours():
-    tool = load_tool("benchmark_layers")
-    with torch.no_grad():
-        ref = tool.check_references()
-    assert max(ref.values()) < 1e-9, ref
-
-
-@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
-def test_layer_benchmark_case_runs(impl):
-    tool = load_tool("benchmark_layers")
-    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0)} == {
-        "neighborhood", "fused", "cpp", "unfold", "conv3x3"}
-    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0, cuda=True)} == {
-        "neighborhood", "fused", "triton", "unfold", "conv3x3"}
-    aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
-    assert {"triton", "flex"} <= aa_core
-    case = dict(suite="sasa", kind="layer", impl=impl, side=20, channels=256)
-    spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
-    r = tool.run_case(spec)
-    assert r["median_s"] > 0 and r["peak_bytes"] >= 0
-
-
-def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
-    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "tools", "benchmark.py"),
-        "--configs",
-        os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
-        "--device",
-        "cpu",
-        "--size",
-        "128",
-        "--batch",
-        "1",
-        "--warmup",
-        "1",
-        "--iters",
-        "2",
-        "--output-json",
-        str(out_json),
-        "--output-md",
-        str(out_md),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out_json.read_text())
-    (r,) = report["results"]
-    assert "error" not in r, r.get("detail")
-    assert report["size"] == [128, 128] and report["batch"] == 1
-    assert r["train"]["median_s"] > 0 and r["train"]["images_per_s"] > 0
-    assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
-    assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
-    assert "| `trees_R_26_slim_FPN` |" in out_md.read_text()
-
-
-def test_readme_summarizes_the_committed_model_table():
-    """The README's results table is the summary of docs/model_table.md and docs/demo_results.json
-    (``tools/update_readme_table.py``), and holds a row per committed config."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    demo = load_demo_results(os.path.join(REPO, "docs", "demo_results.json"))
-    assert readme.count(SUMMARY_BEGIN) == 1 and readme.count(SUMMARY_END) == 1
-    block = readme[readme.index(SUMMARY_BEGIN): readme.index(SUMMARY_END) + len(SUMMARY_END)]
-    assert block == render_summary(_committed_table(), demo), (
-        "README.md's results table is out of date: run python tools/update_readme_table.py")
-    assert block.count("\n| `") == len(list_configs(os.path.join(REPO, "configs")))
-
-
-def test_summary_cells_show_the_spread_over_seeds():
-    table = render_markdown([], MARKDOWN_COMMAND).replace(
-        "\n\n" + TABLE_END,
-        "\n| `Demo/x` | 448 | 1.00 | a | 5.0 | b | – | – | – | – | – | 1.0 (2.0) |\n\n" + TABLE_END)
-    stats = {"mean": 20.0, "min": 18.0, "max": 22.0}
-    demo = {"x": {"seeds": [42, 7], "trees_test": {"AP50": stats, "n": 2},
-                  "trees_val": {"AP50": dict(stats, mean=30.0), "n": 2}}}
-    rows = [ln for ln in render_summary(table, demo).splitlines() if ln.startswith("| `")]
-    assert rows == ["| `Demo/x` | 1.00 | 5.0 | – | 2 | 20.0 (18.0–22.0) | 30.0 (18.0–22.0) |"]
-    readme = f"# r\n{SUMMARY_BEGIN}\nold\n{SUMMARY_END}\ntail\n"
-    assert splice_summary(readme, table, {}).endswith(f"{SUMMARY_END}\ntail\n")
-    with pytest.raises(ValueError, match="model-summary:begin"):
-        splice_summary("# r\n", table, {})

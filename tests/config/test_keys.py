@@ -1,4 +1,6 @@
-"""Config keys: schedule conversion and clear errors for bad values."""
+"""Config keys: schedule conversion, defaults from their owners and clear errors for bad values."""
+import inspect
+import os
 import re
 
 import pytest
@@ -39,13 +41,10 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("INPUT.SCALE_JITTER.FLIP_PROB", 1.5, "FLIP_PROB"),
         ("INPUT.PHOTOMETRIC.CONTRAST", (1.2, 0.8), "INPUT.PHOTOMETRIC.CONTRAST must be"),
         ("SOLVER.EPOCHS", -1, "SOLVER.EPOCHS"),
-        ("MODEL.FPN.P6P7_SOURCE", "c5", "P6P7_SOURCE"),
         ("MODEL.AA.KAPPA", 0.0, "MODEL.AA.KAPPA"),
         ("MODEL.AA.NU", 1.0, "MODEL.AA.NU"),
         ("MODEL.AA.POSITIONAL_ENCODING", "learned", "MODEL.AA.POSITIONAL_ENCODING"),
-        ("MODEL.AA.STAGES", ("res6",), "MODEL.AA.STAGES"),
         ("MODEL.SASA.KERNEL_SIZE", 4, "MODEL.SASA.KERNEL_SIZE"),
-        ("MODEL.SASA.STEM", "patchify", "MODEL.SASA.STEM"),
         ("MODEL.SASA.IMPL", "unfold", "MODEL.SASA.IMPL"),
     ],
 )
@@ -119,40 +118,61 @@ def test_similar_config_keys():
     assert similar_config_keys(cfg, "XYZZY.PLUGH") == []
 
 
+def _owned_lists():
+    from aadet.layers import LOCAL_ATTENTION_BACKENDS, SASA_POSITIONAL_ENCODINGS
+    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, P6P7_SOURCES
+    from aadet.modeling.backbone.resnet_stages import STAGE_NAMES
+    from aadet.modeling.meta_arch.retinanet import RETINANET_HEAD_REGISTRY
+
+    return {
+        "MODEL.SASA.POSITIONAL_ENCODING": f"one of {SASA_POSITIONAL_ENCODINGS}",
+        "MODEL.SASA.IMPL": f"one of {LOCAL_ATTENTION_BACKENDS.impls()}",
+        "MODEL.FPN.SPATIAL_LAYER": f"one of {tuple(sorted(n for n, _ in FPN_SPATIAL_LAYER_REGISTRY))}",
+        "MODEL.FPN.P6P7_SOURCE": f"one of {P6P7_SOURCES}",
+        "MODEL.RETINANET.HEAD_NAME": f"one of {tuple(sorted(n for n, _ in RETINANET_HEAD_REGISTRY))}",
+        "MODEL.AA.DOWNSAMPLE_STAGES": f"a subset of {STAGE_NAMES}",
+    }
+
+
 @pytest.mark.parametrize(
-    "key,value,allowed",
+    "key,value,when",
     [
-        ("MODEL.FPN.SPATIAL_LAYER", "transformer", "('attention', 'conv')"),
-        ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "('AttentionRetinaNetHead', 'RetinaNetHead')"),
-        ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "('relative', 'sine2d', 'none')"),
-        ("MODEL.SASA.IMPL", "unfold", "('auto', 'neighborhood', 'cpp', 'fused', 'materialized', 'triton')"),
-        ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "a subset of ('res2', 'res3', 'res4', 'res5')"),
+        ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "validated"),
+        ("MODEL.SASA.IMPL", "unfold", "validated"),
+        # Keys whose allowed values belong to a model builder: checked when it maps them.
+        ("MODEL.FPN.SPATIAL_LAYER", "transformer", "built"),
+        ("MODEL.FPN.P6P7_SOURCE", "c5", "built"),
+        ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "built"),
+        ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "built"),
     ],
 )
-def test_error_names_key_allowed_range_and_value(key, value, allowed):
-    """The message has all three parts; the allowed lists are the layers'/registries' own."""
-    cfg = get_aadet_cfg()
-    cfg.merge_from_list([key, str(value)] if isinstance(value, str) else [])
-    if not isinstance(value, str):
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+def test_error_names_key_allowed_range_and_value(key, value, when):
+    """The message has all three parts; the allowed lists are their owners' (the layers', the
+    registries', the builders'), read when the check runs."""
+    demo = "configs/Demo/trees_AA_R_26_slim_FPN.yaml"
+    if when == "validated":
+        cfg = get_aadet_cfg()
+        cfg.merge_from_list([key, value])
+        check = validate_aadet_config
+    else:
+        from detectron2.modeling import build_model
+        from tests.helpers import REPO
+
+        cfg = load_config(os.path.join(REPO, demo), ["MODEL.DEVICE", "cpu", key, str(value)])
+        check = build_model
     with pytest.raises(ConfigValueError) as info:
-        validate_aadet_config(cfg)
+        check(cfg)
     msg = str(info.value)
-    assert msg.startswith(f"Config key {key} must be ")
-    assert allowed in msg and repr(value) in msg
+    assert msg.startswith(f"Config key {key} must be {_owned_lists()[key]}")
+    assert repr(value) in msg
     assert isinstance(info.value, ValueError)
 
 
 def test_allowed_values_come_from_their_owners():
-    """One definition per fact: the config accepts exactly what the layers and registries do."""
+    """The config accepts exactly what the layers and the route registries do."""
     from aadet.layers import (
-        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_IMPLS, LOGIT_TABLE_IMPLS, SASA_POSITIONAL_ENCODINGS,
+        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS,
     )
-    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
 
     def accepted(key, candidates):
         ok = []
@@ -171,29 +191,45 @@ def test_allowed_values_come_from_their_owners():
         == list(AA_POSITIONAL_ENCODINGS)
     assert accepted("MODEL.SASA.POSITIONAL_ENCODING", list(SASA_POSITIONAL_ENCODINGS) + ["absolute"] + junk) \
         == list(SASA_POSITIONAL_ENCODINGS)
-    assert accepted("MODEL.SASA.IMPL", list(LOCAL_ATTENTION_IMPLS) + junk) == list(LOCAL_ATTENTION_IMPLS)
-    assert accepted("MODEL.AA.IMPL", list(LOGIT_TABLE_IMPLS) + junk) == list(LOGIT_TABLE_IMPLS)
-    registered = sorted(name for name, _ in FPN_SPATIAL_LAYER_REGISTRY)
-    assert registered == ["attention", "conv"]
-    assert accepted("MODEL.FPN.SPATIAL_LAYER", registered + junk) == registered
+    sasa, aa = LOCAL_ATTENTION_BACKENDS.impls(), LOGIT_TABLE_BACKENDS.impls()
+    assert accepted("MODEL.SASA.IMPL", list(sasa) + junk) == list(sasa)
+    assert accepted("MODEL.AA.IMPL", list(aa) + junk) == list(aa)
+
+
+def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
+    """The layer keys' defaults are read from the layers' signatures: a changed signature changes
+    the config, with nothing else to edit."""
+    from aadet.layers import LocalSelfAttention2d
+
+    assert get_aadet_cfg().MODEL.SASA.KERNEL_SIZE == 7  # SASA Sec. 4: k = 7
+    signature = inspect.signature(LocalSelfAttention2d)
+    changed = signature.replace(parameters=[
+        p.replace(default=5) if p.name == "kernel_size" else p for p in signature.parameters.values()
+    ])
+    monkeypatch.setattr(LocalSelfAttention2d, "__signature__", changed, raising=False)
+    cfg = get_aadet_cfg()
+    assert cfg.MODEL.SASA.KERNEL_SIZE == 5
 
 
 def test_a_newly_registered_spatial_layer_is_accepted():
     """MODEL.FPN.SPATIAL_LAYER follows the registry, not a list of its own."""
-    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY
+    from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, build_fpn_spatial_layers
 
     cfg = get_aadet_cfg()
     cfg.MODEL.FPN.SPATIAL_LAYER = "test_identity_layer"
+    fpn = object()  # the converter's argument, passed through
     with pytest.raises(ConfigValueError, match="MODEL.FPN.SPATIAL_LAYER"):
-        validate_aadet_config(cfg)
+        build_fpn_spatial_layers(cfg, fpn)
 
     @FPN_SPATIAL_LAYER_REGISTRY.register("test_identity_layer")
-    def keep_everything(fpn, cfg):
+    def keep_everything(cfg, fpn):
         return fpn
 
     try:
-        assert FPN_SPATIAL_LAYER_REGISTRY.get("test_identity_layer") is keep_everything
-        validate_aadet_config(cfg)
+        assert build_fpn_spatial_layers(cfg, fpn) is fpn
+        cfg.MODEL.FPN.SPATIAL_LAYER = "transformer"
+        with pytest.raises(ConfigValueError, match="'test_identity_layer'"):
+            build_fpn_spatial_layers(cfg, fpn)
     finally:
         FPN_SPATIAL_LAYER_REGISTRY._obj_map.pop("test_identity_layer")  # test cleanup only
 

@@ -115,6 +115,9 @@ def test_export_errors_name_the_key(tmp_path):
                       ["MODEL.SASA.IMPL", "neighborhood"])
     with pytest.raises(ConfigValueError, match="MODEL.SASA.IMPL.*'auto', 'materialized'.*neighborhood"):
         check_exportable(cfg, "onnx")
+    cfg = load_config(os.path.join(DEMO, "trees_AA_R_26_slim_FPN.yaml"), ["MODEL.AA.IMPL", "cpp"])
+    with pytest.raises(ConfigValueError, match="MODEL.AA.IMPL.*'auto', 'materialized'.*'cpp'"):
+        check_exportable(cfg, "torchscript")
     cfg = load_config(os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"))
     with pytest.raises(ValueError, match=r"opset must be in \[13, 20\].*got 9"):
         check_exportable(cfg, "onnx", 9)

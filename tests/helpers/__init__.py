@@ -11,9 +11,9 @@ TOOLS = os.path.join(REPO, "tools")
 
 
 def load_tool(name: str) -> ModuleType:
-    """``tools/{name}.py`` as a module (``tools/`` is not on the test path: a tool is not a
-    package). Loaded once per process and kept in ``sys.modules`` under its own name, as
-    ``import name`` with ``tools/`` on the path would."""
+    """``tools/{name}.py`` as a module, loaded from its file (whatever else is on the path).
+    Loaded once per process and kept in ``sys.modules`` under its own name, as ``import name``
+    with ``tools/`` on the path would."""
     path = os.path.join(TOOLS, f"{name}.py")
     module = sys.modules.get(name)
     if module is not None and getattr(module, "__file__", None) == path:

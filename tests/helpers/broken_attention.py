@@ -61,7 +61,7 @@ def _broken_stem(mutation: str, patch) -> None:
         v = self._block_heads(torch.einsum("npi,poi->npo", xkv, w_v))
         q, k, v, rel_h, rel_w = _mutate(mutation if mutation != "off_by_one" else None,
                                         q, k, v, self.rel_h, self.rel_w)
-        out = stem_module.block_attention(q, k, v, rel_h, rel_w, self.block_size, mask)
+        out = stem_module.block_attention_unchecked(q, k, v, rel_h, rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
     patch(stem_cls, "forward", broken_forward)
@@ -81,23 +81,23 @@ def break_attention(mutation: str, patch=setattr):
     import aadet.layers.augmented_conv as aa
     import aadet.layers.local_attention as sasa
 
-    local, relative = sasa.local_self_attention_2d, aa.relative_self_attention_2d
+    local, relative = sasa.local_self_attention_2d_unchecked, aa.relative_self_attention_2d_unchecked
 
-    def broken_local(q, k, v, rel_h, rel_w, kernel_size, **kwargs):
-        return local(*_mutate(mutation, q, k, v, rel_h, rel_w), kernel_size, **kwargs)
+    def broken_local(q, k, v, rel_h, rel_w, *args, **kwargs):
+        return local(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
 
-    def broken_relative(q, k, v, rel_h, rel_w, **kwargs):
-        return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), **kwargs)
+    def broken_relative(q, k, v, rel_h, rel_w, *args, **kwargs):
+        return relative(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
 
-    patch(sasa, "local_self_attention_2d", broken_local)
-    patch(aa, "relative_self_attention_2d", broken_relative)
+    patch(sasa, "local_self_attention_2d_unchecked", broken_local)
+    patch(aa, "relative_self_attention_2d_unchecked", broken_relative)
     _broken_stem(mutation, patch)
 
 
 def mark_summary(argv, mutation: str) -> None:
     """Record ``mutation`` as ``"broken_attention"`` in the run's summary (``OUTPUT_DIR`` of the
     command line), so that a broken run can never pass for a correct one in docs/runs."""
-    from aadet.utils.run_summary import SUMMARY_FILE, load_summary, write_summary
+    from aadet_tools.run_summary import SUMMARY_FILE, load_summary, write_summary
 
     if "OUTPUT_DIR" not in argv:
         return
@@ -110,8 +110,7 @@ def mark_summary(argv, mutation: str) -> None:
 
 if __name__ == "__main__":
     mutation = sys.argv.pop(1)
-    break_attention(mutation)
-    sys.path.insert(0, os.path.join(REPO, "tools"))
+    break_attention(mutation)  # aadet_tools: on PYTHONPATH (learning_runs.environment())
     sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")

@@ -27,15 +27,14 @@ SEEDS = (42, 7, 123)
 class LearningRun(NamedTuple):
     """One learning test: its demo config, the shortening, and what the run must reach.
 
-    ``min_ap50``: val AP50 every correct run must reach (below the worst measured correct run).
-    ``catches``: the mutations whose runs stay below ``min_ap50`` on every measured seed (the
-    test asserts it only for these, through ``AADET_BREAK_ATTENTION``).
+    ``min_ap50``: val AP50 every correct run must reach, below the worst recorded correct run
+    (``tests/engine/test_training.py`` checks it against docs/runs/learning). A smoke threshold:
+    runs with the attention broken reach it too (docs/testing.md).
     """
 
     config: str
     opts: Sequence[str]
     min_ap50: float
-    catches: Sequence[str] = ()
 
 
 def _shorten(epochs: int) -> List[str]:
@@ -45,25 +44,26 @@ def _shorten(epochs: int) -> List[str]:
             "SOLVER.WARMUP_ITERS", "30"]
 
 
-#: Architecture -> its learning run, on the committed recipe of its demo (BN in the backbone and
-#: FPN, the all-attention demo GN), 3 seeds each (42, 7, 123; docs/testing.md, docs/runs/learning).
-#: Val AP50, worst-best of the correct runs: conv 17.8-27.5, AA 16.9-24.8, SASA 22.4-26.0, all
-#: attention 1.4-1.8. No run asserts a mutation: no mutation run (3 seeds each) separated from the
-#: correct runs, a broken model learning as far in so short a run. Best broken run per mutation
-#: (relative_zero / off_by_one / uniform) against the worst correct run: AA 19.7 / 28.3 / 23.0
-#: against 16.9, SASA 24.6 / 25.3 / 26.4 against 22.4 (BN, at ed6c492), all attention 1.9 / 2.7 /
-#: 2.3 against 1.4 (GN). The layer learning test and the float64 exactness tests catch them.
+#: Architecture -> its learning run, on the committed recipe of its demo; the recorded runs behind
+#: each threshold (3 seeds each, correct and with each mutation): docs/testing.md.
 RUNS: Dict[str, LearningRun] = {
-    "conv": LearningRun("trees_R_26_slim_FPN.yaml", _shorten(12), 15.0),
-    "aa": LearningRun("trees_AA_R_26_slim_FPN.yaml", _shorten(12), 15.0),
+    "conv": LearningRun("trees_R_26_slim_FPN.yaml", _shorten(12), 20.0),
+    "aa": LearningRun("trees_AA_R_26_slim_FPN.yaml", _shorten(12), 20.0),
     "sasa": LearningRun("trees_SASA_R_26_slim_FPN.yaml", _shorten(12), 20.0),
     "sasa_full_attention": LearningRun(
         "trees_SASA_full_attention_R_26_slim.yaml",
         # its committed config trains batch 8: 16 epochs are 124 iterations; 160 px crops
         [*_shorten(16), "INPUT.SCALE_JITTER.CROP_SIZE", "160"],
-        0.3,  # learns at all: an untrained RetinaNet scores 0
+        0.8,  # learns at all: an untrained RetinaNet scores 0
     ),
 }
+
+
+def environment(**extra: str) -> Dict[str, str]:
+    """The environment of a run: this checkout's ``aadet`` and ``tools/`` (``aadet_tools``) on
+    ``PYTHONPATH``, as a run through ``broken_attention.py`` needs (it starts ``train_net.py``
+    from the helper's folder)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tools")]), **extra)
 
 
 def command(arch: str, out: str, seed: Optional[int] = None, mutation: Optional[str] = None) -> List[str]:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS))
     p.add_argument("--mutations", nargs="*", default=["none", *MUTATIONS], choices=["none", *MUTATIONS])
     args = p.parse_args(argv)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = environment()
     os.makedirs(args.out, exist_ok=True)
     failed = 0
     for arch in args.arch:

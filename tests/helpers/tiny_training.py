@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.helpers import REPO
+from tests.helpers import REPO, TOOLS
 
 DEMO = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
 #: GN in the backbone and FPN for the tests of mechanics (resume, compile, test-time augmentation)
@@ -24,7 +24,7 @@ TINY = [*WELL_CONDITIONED,
 
 
 def run_worker(out, *args, opts=(), check=True):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO, TOOLS]))
     cmd = [sys.executable, os.path.join(REPO, "tests", "helpers", "train_worker.py"), str(out),
            "--config-file", DEMO, "--data-root", env.get("AADET_DATASETS", ""), *args, "--", *TINY, *opts]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -3,6 +3,7 @@
   python tests/helpers/train_worker.py OUT_DIR [--num-gpus N] [--resume] [--compile] [--die-at ITER] [--save-ranks] \
       -- KEY VALUE ...
 
+Runs with this checkout and ``tools/`` on ``PYTHONPATH`` (``tiny_training.run_worker``).
 ``--die-at ITER`` SIGKILLs the process right after iteration ITER (a hard crash: no cleanup, no
 final checkpoint). ``--save-ranks`` makes every rank save its model's state dict to
 OUT_DIR/rank{R}.pth after training, so a test can check that DDP ranks stayed in sync.
@@ -12,17 +13,13 @@ import os
 import signal
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tools"))
+import torch
+from detectron2.engine import HookBase, launch
+from detectron2.utils import comm
 
-import torch  # noqa: E402
-from detectron2.engine import HookBase, launch  # noqa: E402
-from detectron2.utils import comm  # noqa: E402
-
-import train_net  # noqa: E402
-from aadet.data import register_trees  # noqa: E402
-from aadet.engine import Trainer  # noqa: E402
+import train_net
+from aadet.data import register_trees
+from aadet.engine import Trainer
 
 
 class DieAt(HookBase):

@@ -3,9 +3,9 @@ float64 brute force run on the GPU: values and gradients (``pytest -m cuda``; ``
 runs them and puts the result in its report). Skipped on a machine without CUDA.
 
 * functional routes: AA ``relative_self_attention_2d`` (every ``attention_with_logit_tables``
-  route in ``LOGIT_TABLE_IMPLS``: fused, materialized, chunked too, triton, flex, auto), SASA
-  ``local_self_attention_2d`` (every CUDA route in ``LOCAL_ATTENTION_IMPLS``: neighborhood, fused,
-  materialized, triton, auto), the stem's ``block_self_attention_2d``; each against the
+  route of ``LOGIT_TABLE_BACKENDS`` that runs on CUDA, the materialized one chunked too, and
+  auto), SASA ``local_self_attention_2d`` (every CUDA route of ``LOCAL_ATTENTION_BACKENDS``, and
+  auto), the stem's ``block_self_attention_2d``; each against the
   pixel-by-pixel float64 brute force of ``aadet/layers/functional/reference.py``, run on the GPU
   (``torch.device("cuda")`` as the default device), with the same output cotangent for the
   gradients of ``q``, ``k``, ``v`` and the relative tables.
@@ -30,10 +30,8 @@ import torch
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.augmented_conv import AugmentedConv2d
 from aadet.layers.functional import (
-    CPU_ONLY_LOGIT_TABLE_IMPLS,
     LOCAL_ATTENTION_BACKENDS,
-    LOCAL_ATTENTION_IMPLS,
-    LOGIT_TABLE_IMPLS,
+    LOGIT_TABLE_BACKENDS,
     block_self_attention_2d,
     local_self_attention_2d,
     relative_self_attention_2d,
@@ -67,8 +65,8 @@ NO_FLOAT64 = ("triton", "flex")
 def route_cases(impls, precisions):
     """``(impl, precision)`` for every registered route that runs on CUDA and every precision,
     less float64 on the float32 kernels."""
-    cpu_only = {i for i, b in LOCAL_ATTENTION_BACKENDS.items() if not b.cuda}
-    cpu_only |= set(CPU_ONLY_LOGIT_TABLE_IMPLS)
+    cpu_only = {i for routes in (LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS)
+                for i, route in routes.items() if not route.cuda}
     return [pytest.param(i, p, id=f"{i}-{p}") for i in impls for p in precisions
             if not (p == "fp64" and i in NO_FLOAT64) and i not in cpu_only]
 
@@ -122,7 +120,7 @@ def aa_problem():
     return leaves, _reference(relative_self_attention_2d_reference, leaves, seed=0)
 
 
-@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_IMPLS, PRECISIONS))
+@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_BACKENDS.impls(), PRECISIONS))
 @pytest.mark.parametrize("chunk", [0, 11])  # queries per chunk (the materialized route's memory bound)
 def test_aa_relative_attention_routes(impl, chunk, precision):
     leaves, ref = aa_problem()
@@ -142,7 +140,7 @@ def sasa_problem():
     return leaves, _reference(lambda *t: local_self_attention_2d_reference(*t, ks), leaves, seed=1)
 
 
-@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_IMPLS, PRECISIONS))
+@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_BACKENDS.impls(), PRECISIONS))
 @pytest.mark.parametrize("block", [4, 16])  # query tile of the blocked routes (16: one tile, map padded)
 def test_sasa_local_attention_routes(impl, block, precision):
     leaves, ref = sasa_problem()
@@ -201,7 +199,7 @@ def _check_layer(layer, x_shape, precision, seed=0):
 LAYER_PRECISIONS = ["fp64", "fp32", "bf16", "fp16"]
 
 
-@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_IMPLS[1:], LAYER_PRECISIONS))
+@pytest.mark.parametrize("impl,precision", route_cases(LOGIT_TABLE_BACKENDS.impls()[1:], LAYER_PRECISIONS))
 @pytest.mark.parametrize("stride,downsample", [(1, False), (2, True)])
 def test_augmented_conv2d(impl, stride, downsample, precision):
     torch.manual_seed(0)
@@ -210,7 +208,7 @@ def test_augmented_conv2d(impl, stride, downsample, precision):
     _check_layer(layer, (2, 16, 13, 11), precision)
 
 
-@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_IMPLS[1:], LAYER_PRECISIONS))
+@pytest.mark.parametrize("impl,precision", route_cases(LOCAL_ATTENTION_BACKENDS.impls()[1:], LAYER_PRECISIONS))
 @pytest.mark.parametrize("stride", [1, 2])
 def test_local_self_attention2d(impl, stride, precision):
     torch.manual_seed(0)

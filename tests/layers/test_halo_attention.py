@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from aadet.layers.functional import (
     HALO_ATTENTION_BACKENDS,
-    HALO_ATTENTION_IMPLS,
     halo_attention_2d,
     halo_attention_probs_2d,
     local_self_attention_2d,
@@ -261,9 +260,13 @@ def test_bf16_autocast_finite_and_close_to_float32(impl):
 
 # ----------------------------------------------------------------------------- dispatch, export
 def test_impls_come_from_the_registry():
-    assert HALO_ATTENTION_IMPLS == ("auto",) + tuple(HALO_ATTENTION_BACKENDS)
+    import aadet.layers.functional.halo_attention as halo
+
+    assert HALO_ATTENTION_BACKENDS.impls() == ("auto",) + tuple(HALO_ATTENTION_BACKENDS)
     assert {"materialized", "bmm", "cpp", "fused"} <= set(HALO_ATTENTION_BACKENDS)
     assert not HALO_ATTENTION_BACKENDS["cpp"].cuda
+    assert HALO_ATTENTION_BACKENDS.exportable() == ("auto", "materialized")
+    assert HALO_ATTENTION_BACKENDS.describe() in halo.__doc__
 
 
 def test_auto_picks_cpp_on_cpu_and_materialized_while_tracing():
@@ -329,7 +332,7 @@ def test_onnx_export_opset17_runs_in_onnxruntime():
     (dict(halo_size=1.0), r"halo_size must be an integer >= 0; got 1.0"),
     (dict(query_stride=3), r"query_stride must be a divisor of block_size=4 .*; got 3"),
     (dict(query_stride=0), r"query_stride must be an integer >= 1; got 0"),
-    (dict(impl="nope"), r"impl must be one of \('auto', 'materialized'.*; got 'nope'"),
+    (dict(impl="nope"), r"impl must be one of \('auto', 'cpp', 'bmm', 'materialized', 'fused'\); got 'nope'"),
     (dict(q=torch.zeros(1, 2, 6, 5, 4)), r"q must be k's shape = \(1, 2, 6, 7, 4\) .*got \(1, 2, 6, 5, 4\)"),
     (dict(q=torch.zeros(1, 2, 6, 7, 4), query_stride=2),
      r"q must be \[B, Nh, ceil\(H/2\), ceil\(W/2\), d\] for query_stride=2 = \(1, 2, 3, 4, 4\)"),

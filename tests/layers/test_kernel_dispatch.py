@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from aadet.layers import LOCAL_ATTENTION_IMPLS, LOGIT_TABLE_IMPLS
+from aadet.layers import LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS
 
 SCRIPT = textwrap.dedent(
     """
@@ -37,8 +37,8 @@ SCRIPT = textwrap.dedent(
 
 
 def test_triton_is_an_impl_of_both_attentions():
-    assert "triton" in LOCAL_ATTENTION_IMPLS
-    assert {"triton", "flex"} <= set(LOGIT_TABLE_IMPLS)
+    assert "triton" in LOCAL_ATTENTION_BACKENDS.impls()
+    assert {"triton", "flex"} <= set(LOGIT_TABLE_BACKENDS.impls())
 
 
 def test_importing_aadet_does_not_import_the_kernel_modules():

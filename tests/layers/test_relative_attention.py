@@ -226,7 +226,7 @@ def test_shape_errors_name_the_argument():
         relative_self_attention_2d(q, k, v, rel_w, rel_w)
     with pytest.raises(ValueError, match=r"rel_w must have shape \[2\*W-1, dk\] = \[13, 4\]"):
         relative_self_attention_2d(q, k, v, rel_h, rel_w[:, :3])
-    with pytest.raises(ValueError, match=r"query_chunk must be >= 0"):
+    with pytest.raises(ValueError, match=r"query_chunk must be an integer >= 0"):
         relative_self_attention_2d(q, k, v, rel_h, rel_w, query_chunk=-1)
     with pytest.raises(ValueError, match=r"impl must be one of"):
         relative_self_attention_2d(q, k, v, rel_h, rel_w, impl="flash")

@@ -80,7 +80,7 @@ def _backward_ms(scale):
 def test_denormal_gradients_are_not_slow_and_the_process_keeps_denormals():
     # Zero-initialized residual branches send gradients below 1.2e-38 into the first blocks; x86
     # computes on such denormals ~100x slower. Without the kernel's flush-to-zero this backward
-    # took 45x the normal one (160 vs 3.6 ms on the Intel Xeon of BENCHMARKS.md); with it 0.85x.
+    # took 45x the normal one (160 vs 3.6 ms on an Intel Xeon); with it 0.85x.
     assert _backward_ms(1e-39) < 4 * _backward_ms(1.0)
     # the flush is the kernel's alone: the rest of the process still computes denormals
     assert (torch.tensor([1e-39]) * 1.0).item() > 0

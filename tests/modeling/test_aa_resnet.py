@@ -286,3 +286,40 @@ def test_aa_impl_key_reaches_every_augmented_layer():
     net = build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
     impls = {m.impl for m in net.modules() if isinstance(m, AugmentedConv2d)}
     assert impls == {"materialized"}
+
+
+def test_plain_arguments_build_what_the_config_builds():
+    """Each builder takes plain arguments (what a LazyConfig gives it) and maps the config in one
+    from_config: the same seed gives the same parameters either way."""
+    import functools
+
+    from detectron2.modeling.backbone.resnet import BasicStem
+
+    from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
+    from aadet.modeling.backbone.fpn import build_retinanet_fpn
+
+    cfg = make_cfg(18, STAGES=("res4", "res5"), MAX_INPUT_SIZE=128, NUM_HEADS=4)
+    cfg.MODEL.RESNETS.OUT_FEATURES = ["res3", "res4", "res5"]
+    cfg.MODEL.FPN.IN_FEATURES, cfg.MODEL.FPN.OUT_CHANNELS = ["res3", "res4", "res5"], 32
+    cfg.MODEL.FPN.SPATIAL_LAYER, cfg.MODEL.SASA.NUM_HEADS, cfg.MODEL.SASA.KERNEL_SIZE = "attention", 4, 3
+    torch.manual_seed(0)
+    from_cfg = aa_resnet.build_retinanet_aa_resnet_fpn_backbone(cfg, ShapeSpec(channels=3))
+    torch.manual_seed(0)
+    bottom_up = aa_resnet.build_aa_resnet_backbone(
+        stem=BasicStem(3, 64, norm="BN"),
+        aa_stages=("res4", "res5"),
+        downsample_stages=("res3",),
+        max_input_size=128,
+        attention=dict(kappa=0.2, nu=0.1, num_heads=4),
+        depth=18, norm="BN", res2_out_channels=64, width_per_group=64, num_groups=1,
+        stride_in_1x1=False, res5_dilation=1, deform_on_per_stage=(False,) * 4,
+        deform_modulated=False, deform_num_groups=1, zero_init_residual=False,
+        out_features=["res3", "res4", "res5"], freeze_at=0,
+    )
+    plain = build_retinanet_fpn(
+        bottom_up, in_features=["res3", "res4", "res5"], out_channels=32, norm="", fuse_type="sum",
+        p6p7_source="p5", spatial_layers=functools.partial(convert_fpn_to_attention, kernel_size=3, num_heads=4),
+    )
+    a, b = from_cfg.state_dict(), plain.state_dict()
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)

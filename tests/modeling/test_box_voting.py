@@ -9,10 +9,10 @@ from detectron2.modeling import build_model
 from detectron2.modeling.meta_arch.retinanet import RetinaNet
 from detectron2.structures import Boxes, Instances
 
-from aadet.config import ConfigValueError, validate_aadet_config
+from aadet.config import ConfigValueError
 from aadet.engine import get_aadet_cfg, load_config
 from aadet.modeling import RetinaNetWithTTA
-from aadet.modeling.box_voting import bbox_vote_thresh, box_voting
+from aadet.modeling.box_voting import bbox_vote_thresh, box_voting, check_vote_thresh
 
 from tests.helpers import REPO
 
@@ -59,12 +59,16 @@ def test_an_empty_box_keeps_its_own_and_nothing_kept_is_nothing():
 
 @pytest.mark.parametrize("value", [0.0, -0.1, 1.5, True])
 def test_bad_vote_threshold_names_the_key(value):
-    with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        box_voting(_instances([[0, 0, 1, 1]], [1.0], [0]), _instances([[0, 0, 1, 1]], [1.0], [0]), value)
+    """The config's threshold is checked when the model (or TTA) maps it, naming the key; the
+    model's plain argument takes 0 (off) besides the range."""
     cfg = get_aadet_cfg()
     cfg.TEST.BBOX_VOTE.VOTE_TH = value
     with pytest.raises(ConfigValueError, match=r"TEST\.BBOX_VOTE\.VOTE_TH must be in \(0, 1\]"):
-        validate_aadet_config(cfg)
+        bbox_vote_thresh(cfg)
+    if value != 0 or value is True:
+        with pytest.raises(ValueError, match=r"bbox_vote_thresh must be in \(0, 1\] \(or 0: off\)"):
+            check_vote_thresh(value, "bbox_vote_thresh")
+    check_vote_thresh(0.0, "bbox_vote_thresh")
 
 
 def test_config_turns_it_on_and_off():

@@ -119,7 +119,7 @@ def test_block_for_stage_sees_each_stage_once_with_its_geometry():
 
     from detectron2.modeling.backbone.resnet import BasicStem
 
-    build_resnet(cfg, BasicStem(3, 16, norm="BN"), block_for_stage=record)
+    build_resnet(cfg, stem=BasicStem(3, 16, norm="BN"), block_for_stage=record)
     assert seen == [
         ("res2", 0, 4, 16, 32, 8, 1),
         ("res3", 1, 8, 32, 64, 16, 1),

@@ -14,12 +14,11 @@ from detectron2.utils.events import EventStorage
 from torch import nn
 
 import aadet  # noqa: F401  (meta-architecture, conv baseline builders)
-from aadet.config import ConfigValueError, add_aadet_config
+from aadet.config import ConfigValueError, add_aadet_config, layer_defaults
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.local_attention import LocalSelfAttention2d, attention_option_defaults
+from aadet.layers.local_attention import LocalSelfAttention2d
 from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
 from aadet.modeling.attention_head import AttentionRetinaNetHead
-from aadet.modeling.attention_layers import sasa_layer_kwargs
 from aadet.modeling.backbone.fpn import build_retinanet_fpn
 from aadet.modeling.backbone.sasa_resnet import SASABottleneckBlock, build_sasa_resnet_backbone
 
@@ -362,23 +361,11 @@ def test_training_step_fully_attentional_retinanet(stem):
 
 
 # ----------------------------------------------------------------------------- layer options
-def test_config_defaults_are_the_layer_defaults():
-    """The MODEL.SASA layer keys default to LocalSelfAttention2d's own defaults (the papers'
-    values), the one place they are declared: the blocks, FPN and head pass them through."""
-    cfg = get_cfg()
-    add_aadet_config(cfg)
-    kwargs = sasa_layer_kwargs(cfg)
-    defaults = attention_option_defaults()
-    assert {"kernel_size", "num_heads", "positional_encoding", "block_size", "impl"} <= set(kwargs)
-    assert kwargs == {name: defaults[name] for name in kwargs}
-    assert (defaults["kernel_size"], defaults["num_heads"]) == (7, 8)  # SASA Sec. 4
-
-
 def test_layer_options_pass_through_unchanged():
     """Options not given fall back to the layer's defaults at every level; given ones arrive."""
     block = SASABottleneckBlock(16, 32, bottleneck_channels=16, stride=2, num_heads=2, impl="fused")
     assert (block.conv2.num_heads, block.conv2.impl, block.conv2.stride) == (2, "fused", 2)
-    assert block.conv2.kernel_size == attention_option_defaults()["kernel_size"]
+    assert block.conv2.kernel_size == layer_defaults(LocalSelfAttention2d)["kernel_size"]
     with pytest.raises(TypeError, match="kernel"):
         SASABottleneckBlock(16, 32, bottleneck_channels=16, kernel=3)
     shapes = [ShapeSpec(channels=16, stride=8)]
@@ -386,4 +373,4 @@ def test_layer_options_pass_through_unchanged():
                                   num_heads=4, block_size=4)
     attn = head.cls_subnet[0]
     assert (attn.num_heads, attn.block_size) == (4, 4)
-    assert attn.kernel_size == attention_option_defaults()["kernel_size"]
+    assert attn.kernel_size == layer_defaults(LocalSelfAttention2d)["kernel_size"]

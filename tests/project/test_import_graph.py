@@ -1,4 +1,8 @@
-"""The import graph of ``aadet`` has floors and no cycles; tools import only the library.
+"""The import graph of ``aadet`` has floors and no cycles; tools import the library and their own
+shared package ``aadet_tools`` (``tools/aadet_tools/``), which ``aadet`` never imports. The
+package is what a user imports to build, train, evaluate, analyse and export models: it reads no
+archives, downloads nothing and runs no programs (preparing data, recording runs and rendering
+reports are the tools' work), and importing it loads none of the tools' code.
 
 Floors, lowest first (``/work/shared/STYLE.md``; Detectron2 has the same shape): a module never
 imports one on a higher floor, not even inside a function. Same-floor imports are allowed where
@@ -8,7 +12,8 @@ they form no cycle, neither between modules nor between the packages of a floor.
     1  aadet.utils, aadet.config
     2  aadet.modeling, aadet.data, and ``aadet/__init__.py`` (it imports config and modeling)
     3  aadet.engine, aadet.export, aadet.analysis
-    4  tools/*.py (each imports aadet and third-party packages, never another tool)
+    4  tools/aadet_tools (the tools' shared code: imports aadet, never a tool)
+    5  tools/*.py (each imports aadet, aadet_tools and third-party packages, never another tool)
 
 Every module is parsed with ``ast`` (nothing is imported): all ``import`` / ``from ... import``
 statements, at any depth (functions, ``try``, ``if TYPE_CHECKING``), relative ones resolved.
@@ -16,7 +21,10 @@ statements, at any depth (functions, ``try``, ``if TYPE_CHECKING``), relative on
 ``package``. The parent packages Python runs on the way to a module are not edges.
 """
 import ast
+import json
 import os
+import subprocess
+import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -25,6 +33,8 @@ import pytest
 from tests.helpers import REPO
 
 PACKAGE = "aadet"
+#: The tools' shared package (``tools/aadet_tools``): not part of the installed aadet.
+TOOLS_PACKAGE = "aadet_tools"
 
 #: Floor of each package of aadet (a module's floor is its package's); a new top-level module or
 #: package must be added here.
@@ -39,7 +49,6 @@ FLOORS: Dict[str, int] = {
     "aadet.analysis": 3,
 }
 ROOT_FLOOR = 2  # aadet/__init__.py alone (not the modules under it)
-TOOLS_FLOOR = 4
 
 Edge = Tuple[str, str, int]  # (importer, imported, line)
 
@@ -242,7 +251,36 @@ def test_tools_import_the_library_not_each_other():
         for target, line in imports_of(path, name, is_package=False):
             if target.split(".")[0] in tools:
                 bad.append(f"{path}:{line}: tools/{name}.py imports {target} (tools/{target.split('.')[0]}.py)")
-    assert not bad, "tools import other tools (move the shared code into aadet):\n" + "\n".join(bad)
+    assert not bad, "tools import other tools (move the shared code into tools/aadet_tools):\n" + "\n".join(bad)
+
+
+def tools_package_files(root: str = REPO) -> Dict[str, str]:
+    """``{dotted module name: file}`` of ``tools/aadet_tools``."""
+    return module_files(os.path.join(root, "tools"), TOOLS_PACKAGE)
+
+
+def test_the_tools_package_imports_the_library_and_no_tool():
+    tools, modules = tool_files(), tools_package_files()
+    assert modules, f"no {TOOLS_PACKAGE} package under tools/"
+    bad = [
+        f"{path}:{line}: {name} imports {target} (tools/{target.split('.')[0]}.py)"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if target.split(".")[0] in tools
+    ]
+    assert not bad, f"{TOOLS_PACKAGE} imports tools (a tool imports it, not the reverse):\n" + "\n".join(bad)
+
+
+def test_the_library_never_imports_the_tools_package(graph):
+    modules, _ = graph
+    bad = [
+        f"{path}:{line}: {name} imports {target}"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if target.split(".")[0] == TOOLS_PACKAGE
+    ]
+    assert not bad, f"aadet imports {TOOLS_PACKAGE} (the tools' code is not part of the installed package):\n" + \
+        "\n".join(bad)
 
 
 def test_the_library_never_imports_a_tool(graph):
@@ -255,6 +293,54 @@ def test_the_library_never_imports_a_tool(graph):
         if target.split(".")[0] in tools
     ]
     assert not bad, "aadet imports tools/ modules:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- the package's job
+#: Modules whose use is the tools' work, not the package's: archives, downloads, other programs.
+OPERATIONS_MODULES = ("zipfile", "tarfile", "gzip", "bz2", "lzma", "urllib.request", "http", "requests",
+                      "pip", "subprocess")
+
+
+def _is_operation(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in OPERATIONS_MODULES)
+
+
+def test_the_library_reads_no_archives_and_runs_no_programs(graph):
+    modules, _ = graph
+    bad = [
+        f"{path}:{line}: {name} imports {target}"
+        for name, path in modules.items()
+        for target, line in imports_of(path, name, path.endswith("__init__.py"))
+        if _is_operation(target)
+    ]
+    assert not bad, "aadet does the tools' work (move it to tools/aadet_tools):\n" + "\n".join(bad)
+
+
+def test_importing_the_library_loads_no_tools_code():
+    """In a fresh interpreter, ``aadet`` and every package of it: no module from ``tools/`` is
+    loaded, and all of aadet's come from this checkout."""
+    packages = sorted(n for n, f in module_files(REPO, PACKAGE).items() if f.endswith("__init__.py"))
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {packages!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps({n: getattr(m, '__file__', None) for n, m in list(sys.modules.items())}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert p.returncode == 0, p.stderr[-3000:]
+    loaded = json.loads(p.stdout.strip().splitlines()[-1])
+    ours = {n: f for n, f in loaded.items() if n == PACKAGE or n.startswith(PACKAGE + ".")}
+    assert "aadet.engine" in ours and all(f is None or f.startswith(REPO) for f in ours.values()), ours
+    tools = os.path.join(REPO, "tools") + os.sep
+    from_tools = sorted(n for n, f in loaded.items()
+                        if n.split(".")[0] == TOOLS_PACKAGE or (f and f.startswith(tools)))
+    assert not from_tools, f"importing aadet loads the tools' code: {from_tools}"
+
+
+def test_operation_check_sees_through_submodules():
+    assert _is_operation("zipfile.ZipFile") and _is_operation("urllib.request.urlopen")
+    assert not _is_operation("urllib.parse.urlparse") and not _is_operation("zipfilex")
 
 
 # ----------------------------------------------------------------------------- the checker itself

@@ -1,4 +1,4 @@
-"""``tools/gpu_check.py`` and ``aadet/analysis/gpu_report.py`` on CPU: the benchmark JSON ->
+"""``tools/gpu_check.py`` and ``tools/aadet_tools/gpu_report.py`` on CPU: the benchmark JSON ->
 ``benchmarks_cuda.json`` conversion with its target verdicts (synthetic benchmark outputs with
 known numbers) and a smoke run's lack of them, the junit parser and the ``tests`` stage's verdict
 (a skipped CUDA test fails it), the stage merge and its refusal of stage files of another
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from aadet.analysis import gpu_report as gr
+from aadet_tools import gpu_report as gr
 
 from tests.helpers import REPO, load_tool
 
@@ -41,8 +41,8 @@ def config_report(**top):
         _case(SASA, True, 0.150, 0.070, 800),
         dict(config=FULL, amp=True, error="CUDA out of memory: tried to allocate 2 GiB"),
     ]
-    return dict(device="cuda", size=[640, 640], batch=8, warmup=5, iters=20, baseline=BASE, opts=[],
-                env=ENV, results=results, **top)
+    return dict(dict(device="cuda", size=[640, 640], batch=8, warmup=5, iters=20, baseline=BASE, opts=[],
+                     env=ENV, results=results), **top)
 
 
 def layer_report(amp, conv_s, fused_s, conv_bytes, fused_bytes, amp_dtype="bfloat16"):
@@ -204,16 +204,23 @@ def test_parse_junit_counts_and_messages():
 
 def test_merge_stage_results_status_and_markdown():
     env = dict(ENV, triton="3.6.0", driver="580.159.04, 81559 MiB")
-    tests = {"status": "failed", "junit": gr.parse_junit(JUNIT), "env": env, "elapsed_s": 20, "budget_s": 300}
-    merged = gr.merge_stage_results({"tests": tests})
+    fresh = {"commit": HEAD, "dirty": False, "device": "cuda"}
+    tests = dict(fresh, status="failed", junit=gr.parse_junit(JUNIT), env=env, elapsed_s=20, budget_s=300)
+    merged = gr.merge_stage_results({"tests": tests}, head=HEAD)
     assert merged["status"] == "failed" and merged["stages"]["demo"] == {"status": "not run"}
-    assert merged["env"]["triton"] == "3.6.0"
+    assert merged["envs"]["tests"]["triton"] == "3.6.0"
     md = gr.render_report_markdown(merged)
     assert "# aadet GPU check: failed" in md and "NVIDIA H100 80GB HBM3" in md and "580.159.04" in md
     assert "failed: `tests.test_cuda::test_a[bf16]`: AssertionError: err 0.3 > 0.05" in md
-    assert gr.merge_stage_results({"tests": dict(tests, status="ok")})["status"] == "incomplete"
-    everything = {name: {"status": "ok"} for name in gr.STAGES}
-    assert gr.merge_stage_results(everything)["status"] == "ok"
+    assert gr.merge_stage_results({"tests": dict(tests, status="ok")}, head=HEAD)["status"] == "incomplete"
+    assert gr.merge_stage_results({"tests": dict(tests, status="ok")}, head=HEAD, required=["tests"])["status"] == "ok"
+    everything = {name: dict(fresh, status="ok") for name in gr.STAGES}
+    assert gr.merge_stage_results(everything, head=HEAD)["status"] == "ok"
+    # a stage that does not say where, at which commit and in which tree it ran proves nothing
+    for field in ("device", "commit", "dirty"):
+        unknown = dict(everything, tests={k: v for k, v in everything["tests"].items() if k != field})
+        assert gr.merge_stage_results(unknown, head=HEAD)["status"] == "failed", field
+    assert gr.merge_stage_results(everything)["status"] == "failed"  # no HEAD to compare with
     with pytest.raises(ValueError, match="unknown stage"):
         gr.merge_stage_results({"lint": {"status": "ok"}})
 
@@ -275,10 +282,13 @@ def test_a_smoke_run_gets_no_target_verdict():
         [small], layers, amp_dtype="bfloat16")["not_comparable_why"]
     full = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
     assert full["comparable"] is True and full["not_comparable_why"] is None
-    # the report of a quick run says so in its title
-    stage = {"status": "ok", "quick": True, "benchmarks": gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16")}
-    md = gr.render_report_markdown(gr.merge_stage_results({"benchmarks": stage}))
-    assert md.startswith("# aadet GPU check: incomplete (smoke run, not comparable to targets)")
+    # the report of a quick run says so in its title, and a smoke run never passes the check
+    stage = {"status": "ok", "quick": True, "benchmarks": gr.benchmarks_cuda([small], layers, amp_dtype="bfloat16"),
+             "commit": HEAD, "dirty": False, "device": "cuda"}
+    report = gr.merge_stage_results({"benchmarks": stage}, head=HEAD, required=["benchmarks"])
+    title = gr.render_report_markdown(report).splitlines()[0]
+    assert title.startswith("# aadet GPU check: failed (") and gr.NOT_COMPARABLE in title
+    assert "benchmarks: a --quick smoke run" in title and report["targets"]["status"] == "not comparable"
 
 
 def test_stage_files_of_another_commit_are_refused_or_marked():
@@ -299,11 +309,12 @@ def test_stage_files_of_another_commit_are_refused_or_marked():
     stale = gr.stale_stages(stages, head, allow_stale=True)
     assert stale == {"configs": {"commit": old, "dirty": True, "head": head},
                      "demo": {"commit": None, "dirty": None, "head": head}}
-    report = gr.merge_stage_results(stages, stale=stale)
+    report = gr.merge_stage_results(stages, head=head, stale=stale)
     assert report["stale_stages"] == ["configs", "demo"] and report["stages"]["configs"]["stale"]["commit"] == old
     assert "stale" not in report["stages"]["tests"] and "stale" not in stages["configs"]  # inputs untouched
+    assert report["status"] == "failed"  # merged, never counted
     md = gr.render_report_markdown(report)
-    assert "# aadet GPU check: incomplete (stale stages from another commit: configs, demo)" in md
+    assert "stale stages from another commit: configs, demo" in md.splitlines()[0]
     assert f"**Stale**: ran at commit {old[:12]}" in md and "uncommitted changes" in md
 
 
@@ -335,12 +346,13 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     tiny = tmp_path / "tiny_R_18.yaml"
     tiny.write_text(TINY.format(base=os.path.join(demo, "trees_R_26_slim_FPN.yaml")))
     out = tmp_path / "report"
+    docs = _snapshot(os.path.join(REPO, "docs"))
     rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--configs", str(bad), str(tiny),
                          "--size", "64", "--batch", "1", "--iters", "2", "--out", str(out),
                          "--work-dir", str(tmp_path / "work")])
     assert rc == 1  # the report says failed (the bad config) ...
     stage = json.loads((out / "stage_configs.json").read_text())
-    assert stage["status"] == "failed" and stage["iters"] == 2 and stage["env"]["device"] == "cpu"
+    assert stage["status"] == "failed" and stage["iters"] == 2 and stage["device"] == stage["env"]["device"] == "cpu"
     assert stage["commit"] == gpu_check.checkout_commit()["commit"] and stage["dirty"] in (True, False)
     assert [(r["config"], r["precision"], r["status"]) for r in stage["results"]] == [
         ("bad", "fp32", "failed"), ("bad", "bf16", "failed"), ("tiny_R_18", "fp32", "ok"), ("tiny_R_18", "bf16", "ok")]
@@ -357,6 +369,10 @@ def test_cpu_dry_run_of_the_configs_stage_goes_on_after_a_broken_config(gpu_chec
     assert report["status"] == "failed" and report["stages"]["tests"] == {"status": "not run"}
     md = (out / "report.md").read_text()
     assert "| `tiny_R_18` | bf16 | ok |" in md and "| `bad` | fp32 | failed |" in md
+    assert "configs: failed" in md and "ran on cpu, not CUDA" in md
+    # merged again, the dry run still fails the check; neither touched docs/
+    assert gpu_check.main(["--report-only", "--stages", "configs", "--out", str(out)]) == 1
+    assert _snapshot(os.path.join(REPO, "docs")) == docs
 
 
 @pytest.mark.parametrize("epochs", [2, 3, 30, 100])
@@ -396,9 +412,9 @@ def test_report_only_merges_stage_files_of_separate_runs(gpu_check, tmp_path):
     bench = gr.benchmarks_cuda([config_report()], amp_dtype="bfloat16")
     (tmp_path / "stage_benchmarks.json").write_text(json.dumps(
         {"status": "ok", "benchmarks": bench, "env": env, "commit": head, "dirty": True}))
-    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 1  # not a pass: ...
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["status"] == "incomplete"  # configs and demo not run yet
+    assert report["status"] == "failed"  # ... configs and demo not run, no device recorded, a dirty tree
     assert report["stages"]["benchmarks"]["benchmarks"]["device_name"] == ENV["device_name"]
     md = (tmp_path / "report.md").read_text()
     assert "## benchmarks: ok" in md and "## configs: not run" in md and "AA-R50 RetinaNet train time" in md
@@ -415,11 +431,11 @@ def test_report_only_refuses_stage_files_of_another_commit(gpu_check, tmp_path, 
     msg = str(e.value)
     assert f"{tmp_path / 'stage_demo.json'}: ran at commit 0123456789ab, HEAD is {head[:12]}" in msg
     assert "stage_tests.json" not in msg and not (tmp_path / "report.json").exists()
-    assert gpu_check.main(["--report-only", "--allow-stale", "--out", str(tmp_path)]) == 0
+    assert gpu_check.main(["--report-only", "--allow-stale", "--out", str(tmp_path)]) == 1  # merged, not counted
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stale_stages"] == ["demo"] and report["stages"]["demo"]["stale"]["head"] == head
     assert "stale stages from another commit: demo" in (tmp_path / "report.md").read_text()
-    assert "(stale: demo)" in capsys.readouterr().out
+    assert "stale stages from another commit: demo" in capsys.readouterr().out
 
 
 def test_tests_stage_of_the_tool_fails_on_a_skipped_cuda_test(gpu_check, tmp_path, monkeypatch):
@@ -544,3 +560,228 @@ def test_every_test_that_skips_without_cuda_is_marked_cuda(tmp_path):
     assert "tests/layers/test_local_attention.py::test_cuda_half_autocast[dtype0]" in needs_cuda
     assert any(t.startswith("tests/layers/test_aa_kernels.py::test_triton_cuda") for t in needs_cuda)
 
+
+
+# ----------------------------------------------------------------------------- what may pass
+# Each test below closes a way the check could report a pass it did not earn (issue 43).
+HEAD = "c" * 40
+
+
+def _snapshot(folder):
+    """``{path: (size, mtime_ns)}`` of every file under ``folder``: what "touched nothing" compares."""
+    out = {}
+    for dirpath, _, files in os.walk(folder):
+        for f in files:
+            st = os.stat(os.path.join(dirpath, f))
+            out[os.path.join(dirpath, f)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def fake_cuda(gpu_check, monkeypatch):
+    """``gpu_check.main`` on a pretend CUDA machine at a clean checkout of :data:`HEAD`, every stage
+    replaced by a stub that returns ``outcome[stage]`` (default ``{"status": "ok"}``)."""
+    outcome = {}
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "gpu_environment", lambda device: dict(ENV, device=device, triton="3.6.0"))
+    state = {"commit": HEAD, "dirty": False}
+    monkeypatch.setattr(gpu_check, "checkout_commit", lambda: dict(state))
+    for name in gr.STAGES:
+        monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, name,
+                            lambda args, budget, name=name: dict(outcome.get(name, {"status": "ok"})))
+    return outcome, state
+
+
+def _stage_file(folder, name, **fields):
+    stage = dict({"status": "ok", "commit": HEAD, "dirty": False, "device": "cuda", "quick": False,
+                  "env": dict(ENV, device="cuda")}, **fields)
+    (folder / f"stage_{name}.json").write_text(json.dumps(stage))
+
+
+def test_exit_status_is_zero_only_when_every_requested_stage_ran_on_cuda_and_passed(gpu_check, fake_cuda,
+                                                                                     tmp_path):
+    outcome, state = fake_cuda
+    run = ["--work-dir", str(tmp_path / "work")]
+    assert gpu_check.main(["--stages", "tests", "benchmarks", "--out", str(tmp_path / "a"), *run]) == 0
+    outcome["benchmarks"] = {"status": "failed", "error": "tools/benchmark.py exit 1"}
+    assert gpu_check.main(["--stages", "tests", "benchmarks", "--out", str(tmp_path / "b"), *run]) == 1
+    state["dirty"] = True  # the tree had uncommitted changes: not the commit the report names
+    assert gpu_check.main(["--stages", "tests", "--out", str(tmp_path / "c"), *run]) == 1
+    assert "uncommitted changes" in (tmp_path / "c" / "report.md").read_text()
+    state.update(dirty=None)  # a copied tree whose state nobody checked
+    assert gpu_check.main(["--stages", "tests", "--out", str(tmp_path / "d"), *run]) == 1
+    state.update(dirty=False)
+    assert gpu_check.main(["--stages", "tests", "--quick", "--out", str(tmp_path / "e"), *run]) == 1
+
+
+def test_every_stage_records_its_device_and_the_merge_refuses_cpu_stages(gpu_check, fake_cuda, tmp_path):
+    out = tmp_path / "cpu"
+    # a CPU dry run of the configs stage that passes still fails the check ...
+    rc = gpu_check.main(["--device", "cpu", "--stages", "configs", "--out", str(out),
+                         "--work-dir", str(tmp_path / "work")])
+    assert rc == 1
+    stage = json.loads((out / "stage_configs.json").read_text())
+    assert stage["status"] == "ok" and stage["device"] == "cpu"
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] != "ok" and "CUDA" in (out / "report.md").read_text()
+    # ... and merged next to CUDA stages it is refused: the check does not pass
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    for name in gr.STAGES:
+        _stage_file(folder, name)
+    assert gpu_check.main(["--report-only", "--out", str(folder)]) == 0
+    _stage_file(folder, "configs", device="cpu", env=dict(ENV, device="cpu"))
+    assert gpu_check.main(["--report-only", "--out", str(folder)]) == 1
+    assert "configs: ran on cpu, not CUDA" in (folder / "report.md").read_text()
+
+
+def test_report_only_exits_with_the_merged_status(gpu_check, fake_cuda, tmp_path):
+    _stage_file(tmp_path, "tests")
+    # one stage of four: the check is incomplete, which is not a pass
+    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "report.json").read_text())["status"] == "incomplete"
+    # the stages a call asks for: just the tests, which passed
+    assert gpu_check.main(["--report-only", "--stages", "tests", "--out", str(tmp_path)]) == 0
+    _stage_file(tmp_path, "tests", status="failed", error="1 failed, 0 errors")
+    assert gpu_check.main(["--report-only", "--stages", "tests", "--out", str(tmp_path)]) == 1
+    # a stage of a dirty tree is not fresh, even at the same commit
+    _stage_file(tmp_path, "tests", dirty=True)
+    assert gpu_check.main(["--report-only", "--stages", "tests", "--out", str(tmp_path)]) == 1
+    # merged anyway with --allow-stale, an old stage never makes the check pass
+    _stage_file(tmp_path, "tests", commit="d" * 40)
+    assert gpu_check.main(["--report-only", "--allow-stale", "--stages", "tests", "--out", str(tmp_path)]) == 1
+
+
+def test_without_cuda_neither_the_check_nor_a_merged_cpu_dry_run_passes_or_touches_docs(gpu_check, tmp_path,
+                                                                                        monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    docs = os.path.join(REPO, "docs")
+    before = _snapshot(docs)
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--out", str(tmp_path / "full"), "--work-dir", str(tmp_path / "work")])
+    assert e.value.code not in (0, None)
+    # a configs dry run whose stage passed (a stub: the real one is the test above), then merged
+    monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, "configs", lambda args, budget: {"status": "ok"})
+    out = tmp_path / "dry"
+    assert gpu_check.main(["--device", "cpu", "--stages", "configs", "--out", str(out),
+                           "--work-dir", str(tmp_path / "work")]) != 0
+    assert gpu_check.main(["--report-only", "--stages", "configs", "--out", str(out)]) != 0
+    assert _snapshot(docs) == before
+
+
+def test_report_shows_every_stage_environment_and_ran_apart_from_targets_met(gpu_check, fake_cuda, tmp_path):
+    bench = gr.benchmarks_cuda([config_report()], [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB),
+                                                   layer_report(True, 0.001, 0.0015, 50, 60)], amp_dtype="bfloat16")
+    for name in gr.STAGES:
+        _stage_file(tmp_path, name, env=dict(ENV, device="cuda", triton="3.6.0", driver=f"driver-of-{name}"))
+    _stage_file(tmp_path, "benchmarks", benchmarks=bench,
+                env=dict(ENV, device="cuda", triton="3.6.0", driver="driver-of-benchmarks"))
+    assert gpu_check.main(["--report-only", "--out", str(tmp_path)]) == 0  # every stage ran and passed ...
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "ok" and report["targets"]["status"] == "missed"  # ... targets missed
+    assert report["targets"]["missed"] >= 1 and report["targets"]["missing"] >= 1  # the bf16 OOM row
+    md = (tmp_path / "report.md").read_text()
+    assert all(f"driver-of-{name}" in md for name in gr.STAGES)
+    title = md.splitlines()[0]
+    assert title.startswith("# aadet GPU check: ok") and "targets" in title and "missed" in title
+
+
+# ----------------------------------------------------------------------------- the benchmark record
+def _fake_benchmark_tools(calls, fail=(), precisions=("fp32", "bf16")):
+    """A ``gpu_check._run`` that writes what ``tools/benchmark*.py`` would for the command it is
+    given (sizes, batch, iterations from the command; the numbers of :func:`config_report`), with
+    ``fail``: ``(config, amp)`` cases that error, ``precisions``: the ones the device can run."""
+    def value(cmd, flag, default=None):
+        return type(default)(cmd[cmd.index(flag) + 1]) if flag in cmd else default
+
+    def run(cmd, timeout, log_path=None, env=None):
+        calls.append(cmd)
+        if "--help" in cmd:
+            return 0, "--amp-dtype"
+        out = cmd[cmd.index("--output-json") + 1]
+        if cmd[1].endswith("benchmark.py"):
+            rep = config_report(size=[value(cmd, "--size", 0)] * 2, batch=value(cmd, "--batch", 0),
+                                iters=value(cmd, "--iters", 0), warmup=value(cmd, "--warmup", 0))
+            rep["results"][-1] = _case(FULL, True, 0.200, 0.100, 1200)  # every case measured
+            amps = {"both": [False, True], "on": [True], "off": [False]}[value(cmd, "--amp", "off")]
+            rep["results"] = [r for r in rep["results"] if r["amp"] in amps]
+            if "bf16" not in precisions:
+                rep["results"] = [dict(r, error="bfloat16 is not supported on this device") if r["amp"] else r
+                                  for r in rep["results"]]
+            rep["results"] = [dict(r, error="CUDA error: an illegal memory access")
+                              if (r["config"], r["amp"]) in fail else r for r in rep["results"]]
+            # as benchmark.py writes a failed case: the error, no numbers
+            rep["results"] = [{k: v for k, v in r.items() if "error" not in r or k not in ("train", "inference")}
+                              for r in rep["results"]]
+        else:
+            amp = "--amp" in cmd
+            rep = layer_report(amp, 0.002, 0.005, 100 * MIB, 150 * MIB)
+            rep.update(batch=value(cmd, "--batch", 0), iters=value(cmd, "--iters", 0),
+                       warmup=value(cmd, "--warmup", 0))
+            if amp and "bf16" not in precisions:
+                return 1, "RuntimeError: bfloat16 is not supported on this device"
+        with open(out, "w") as f:
+            json.dump(rep, f)
+        return 0, ""
+    return run
+
+
+def _bench_args(gpu_check, tmp_path, *extra):
+    record = tmp_path / "docs" / "benchmarks_cuda.json"
+    record.parent.mkdir(exist_ok=True)
+    args = gpu_check.build_parser().parse_args(
+        ["--bench-json", str(record), "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"),
+         *extra])
+    for d in (args.out, args.work_dir):
+        os.makedirs(d, exist_ok=True)
+    return args, record
+
+
+def _scratch(tmp_path):
+    found = [p for p in (tmp_path / "work").rglob("*.json") if "scratch" in p.name]
+    assert len(found) == 1 and "docs" not in found[0].parts, found
+    return json.loads(found[0].read_text())
+
+
+@pytest.mark.parametrize("case", ["complete", "few_iterations", "a_case_failed", "no_bf16"])
+def test_the_benchmark_record_comes_only_from_a_complete_run_at_the_targets_protocol(gpu_check, tmp_path,
+                                                                                     monkeypatch, case):
+    calls = []
+    fail = {(AA, True)} if case == "a_case_failed" else set()
+    precisions = ("fp32",) if case == "no_bf16" else ("fp32", "bf16")
+    monkeypatch.setattr(gpu_check, "_run", _fake_benchmark_tools(calls, fail, precisions))
+    extra = ["--bench-iters", "1", "--bench-warmup", "0"] if case == "few_iterations" else []
+    args, record = _bench_args(gpu_check, tmp_path, *extra)
+    result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
+    bench_cmd = next(c for c in calls if c[1].endswith("benchmark.py") and "--help" not in c)
+    assert bench_cmd[bench_cmd.index("--size") + 1] == "640" and bench_cmd[bench_cmd.index("--batch") + 1] == "8"
+    if case == "complete":
+        assert result["status"] == "ok"
+        written = json.loads(record.read_text())
+        assert written["comparable"] is True and {t["status"] for t in written["targets"]} <= {"pass", "miss"} | {
+            "missing"}
+        return
+    assert result["status"] != "ok" and not record.exists()  # nothing goes to docs/
+    scratch = _scratch(tmp_path)
+    assert scratch["scratch"].startswith("not the record")
+    if case == "few_iterations":
+        assert "iterations" in scratch["scratch"] and scratch["comparable"] is False
+    if case == "no_bf16":  # the bf16 targets are missing, not gone
+        bf16 = [t for t in scratch["targets"] if t["precision"] == "bf16"]
+        assert bf16 and all(t["status"] == "missing" for t in bf16)
+
+
+def test_a_missing_precision_or_row_is_missing_not_absent():
+    fp32_only = dict(config_report(), results=[r for r in config_report()["results"] if not r["amp"]])
+    bench = gr.benchmarks_cuda([fp32_only], [layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB)])
+    bf16 = [t for t in bench["targets"] if t["precision"] == "bf16"]
+    assert len(bf16) == len(gr.TARGETS) and all(t["status"] == "missing" for t in bf16)
+    assert bench["comparable"] is False and "bf16" in bench["not_comparable_why"]
+    no_sasa = dict(config_report(), results=[r for r in config_report()["results"] if r["config"] != SASA])
+    bench = gr.benchmarks_cuda([no_sasa], amp_dtype="bfloat16")
+    assert {f"{gr.config_name(SASA)} fp32", f"{gr.config_name(SASA)} bf16"} <= set(bench["missing"])
+    md = gr.render_benchmarks_markdown(bench)
+    assert f"`{gr.config_name(SASA)}` | fp32 | missing" in md

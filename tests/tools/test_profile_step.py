@@ -1,4 +1,5 @@
-"""tools/profile_step.py: the figures behind BENCHMARKS.md's "what bounds the misses"."""
+"""``tools/profile_step.py``: where one training step of a config spends its time (forward per
+part, the rest of the step, the top operators), as JSON."""
 import json
 import os
 

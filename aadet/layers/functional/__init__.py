@@ -8,53 +8,43 @@ implementation is tested (float64-exact) and benchmarked against.
 
 * AA, global relative attention: :func:`relative_self_attention_2d`
   (:mod:`.relative_attention`) builds per-query row/column logit tables and hands them to a route
-  of :func:`attention_with_logit_tables` (:mod:`.logit_tables`), whose registry
-  :data:`~.logit_tables.LOGIT_TABLE_BACKENDS` holds ``"fused"`` (:mod:`.backends.logit_tables_sdpa`),
-  ``"materialized"`` (:mod:`.backends.logit_tables_materialized`), ``"triton"``
-  (:mod:`.backends.logit_tables_triton`), ``"flex"`` (:mod:`.backends.logit_tables_flex`) and
-  ``"cpp"`` (:mod:`.backends.logit_tables_cpp`, a C++ kernel: the CPU default).
-* SASA, local attention: :func:`local_self_attention_2d` (:mod:`.local_attention`), registry
-  :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`: ``"neighborhood"``
-  (:mod:`.backends.sasa_neighborhood`), ``"fused"`` / ``"materialized"``
-  (:mod:`.backends.sasa_halo`: halo blocks on the SDPA / materialized logit-table route, called
-  directly), ``"triton"`` (:mod:`.backends.sasa_triton`) and ``"cpp"`` (:mod:`.backends.sasa_cpp`,
-  a C++ kernel: the CPU default).
-* HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`), registry
-  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`: ``"cpp"`` (:mod:`.backends.halo_cpp`, a C++
-  kernel: the CPU default), ``"bmm"`` (:mod:`.backends.halo_bmm`, batched matmuls with its own
-  backward: the CPU fallback), ``"materialized"`` (:mod:`.backends.halo_materialized`, plain ops:
-  the export route) and ``"fused"`` (:mod:`.backends.halo_sdpa`, SDPA with a position/mask bias:
-  the CUDA default); the PyTorch routes share the block layout of :mod:`.backends.halo_blocks`.
+  of :func:`attention_with_logit_tables` (:mod:`.logit_tables`, registry
+  :data:`~.logit_tables.LOGIT_TABLE_BACKENDS`).
+* SASA, local attention: :func:`local_self_attention_2d` (:mod:`.local_attention`, registry
+  :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`).
+* HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`, registry
+  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`); with ``block_size=1`` it is SASA's.
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
   :func:`halo_attention_probs_2d` (HaloNet),
+  :func:`halo_attention_probs_2d` (HaloNet),
   :func:`relative_attention_weights_2d` (AA, selected queries), :func:`block_attention_probs`
   (stem).
 
-The allowed ``impl`` values are derived from the registries:
-``LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)`` and likewise
-``LOGIT_TABLE_IMPLS``; the layers and the config import those tuples (via ``aadet.layers``) and
-check them with :func:`~.checks.check_impl`. ``"auto"`` is resolved by
-``auto_local_attention_impl`` / ``auto_logit_table_impl``; while a model is traced or exported
-(:func:`~.dispatch.is_exporting`) both pick ``"materialized"``, made only of plain differentiable
-tensor ops (ONNX opset 17: no custom autograd Function, no SDPA).
+Each registry (a :class:`~.dispatch.RouteRegistry` of :class:`~.dispatch.Route`) is the one list
+of its routes: the allowed ``impl`` values (``"auto"`` and the route names, checked by
+:meth:`~.dispatch.RouteRegistry.check` in the layers and the config), the routes that export,
+and the route lists in the front ends' docstrings and in error messages are all read from it.
+``"auto"`` is resolved by ``auto_local_attention_impl`` / ``auto_halo_attention_impl`` /
+``auto_logit_table_impl``.
 
-Adding an implementation is one file and one registry line. For a local-attention kernel,
+Adding an implementation is one file and one registry entry. For a local-attention kernel,
 write ``functional/backends/sasa_<name>.py`` with ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
 out`` (``q, k [B, Nh, H, W, dk]`` with ``q`` already scaled, ``v [B, Nh, H, W, dv]``, ``rel_h
 [k, dk//2]`` and ``rel_w [k, dk - dk//2]`` or both None, ``out [B, Nh, H, W, dv]``; arguments
 arrive checked), then add to ``LOCAL_ATTENTION_BACKENDS`` in ``local_attention.py``::
 
-    "name": LocalAttentionBackend(sasa_name_attention),  # blocked=True to get block_size=
+    "name": Route(sasa_name_attention, "one line: what it is, where it runs"),  # blocked=True
+                                                                                # for block_size=
 
 For an AA / logit-table route, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` (shapes
-of :func:`attention_with_logit_tables`) in ``backends/logit_tables_<name>.py`` and one line in
-``LOGIT_TABLE_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config);
-make ``auto_*_impl`` pick it where it should be the default, and add it to the tests'
-implementation lists so it is compared with :mod:`.reference`. A backend that needs an optional
-package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import aadet``
-neither imports it nor needs the package.
+of :func:`attention_with_logit_tables`) in ``backends/logit_tables_<name>.py`` and one entry in
+``LOGIT_TABLE_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config, and
+the export check if ``exports=True``); make ``auto_*_impl`` pick it where it should be the
+default; the tests compare every registered route with :mod:`.reference`. A backend that needs an
+optional package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import
+aadet`` neither imports it nor needs the package.
 """
 from .backends.sasa_halo import MASK_VALUE  # noqa: F401
 from .blocks import (  # noqa: F401
@@ -67,27 +57,18 @@ from .blocks import (  # noqa: F401
     blocks_to_map,
     map_to_blocks,
 )
-from .dispatch import is_exporting  # noqa: F401
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting  # noqa: F401
 from .halo_attention import (  # noqa: F401
     HALO_ATTENTION_BACKENDS,
-    HALO_ATTENTION_IMPLS,
-    HaloAttentionBackend,
     halo_attention_2d,
     halo_attention_probs_2d,
 )
 from .local_attention import (  # noqa: F401
     LOCAL_ATTENTION_BACKENDS,
-    LOCAL_ATTENTION_IMPLS,
-    LocalAttentionBackend,
     local_attention_probs_2d,
     local_self_attention_2d,
 )
-from .logit_tables import (  # noqa: F401
-    CPU_ONLY_LOGIT_TABLE_IMPLS,
-    LOGIT_TABLE_BACKENDS,
-    LOGIT_TABLE_IMPLS,
-    attention_with_logit_tables,
-)
+from .logit_tables import LOGIT_TABLE_BACKENDS, attention_with_logit_tables  # noqa: F401
 from .relative_attention import (  # noqa: F401
     rel_to_abs,
     relative_attention_weights_2d,

@@ -27,6 +27,7 @@ from .checks import check_block_attention, check_block_map
 __all__ = [
     "add_block_relative_logits",
     "block_attention",
+    "block_attention_unchecked",
     "block_attention_probs",
     "block_padding_mask",
     "block_self_attention_2d",
@@ -63,6 +64,12 @@ def block_attention(
         ``[N, Nh, b*b, dv]`` in ``v``'s dtype.
     """
     check_block_attention(q, k, v, rel_h, rel_w, block_size)
+    return block_attention_unchecked(q, k, v, rel_h, rel_w, block_size, key_padding_mask)
+
+
+def block_attention_unchecked(q, k, v, rel_h, rel_w, block_size: int, key_padding_mask=None) -> torch.Tensor:
+    """:func:`block_attention` on arguments its caller has checked or made itself (the stem's
+    forward, :func:`block_self_attention_2d`)."""
     with torch.autocast(device_type=q.device.type, enabled=False):
         probs = _block_probs(q, k, rel_h, rel_w, block_size, key_padding_mask)  # [N, Nh, P, P]
         out = torch.matmul(probs, v.to(probs.dtype))
@@ -200,7 +207,7 @@ def block_self_attention_2d(
     mask = block_padding_mask((h, w), block_size, q.device)
     if mask is not None:
         mask = mask.repeat(bsz, 1, 1, 1)
-    out = block_attention(to_blocks(q), to_blocks(k), to_blocks(v), rel_h, rel_w, block_size, mask)
+    out = block_attention_unchecked(to_blocks(q), to_blocks(k), to_blocks(v), rel_h, rel_w, block_size, mask)
     nblk, dv = out.shape[0], out.shape[-1]
     out = blocks_to_map(out.transpose(1, 2).reshape(nblk, block_size ** 2, nh * dv), bsz, (h, w), block_size)
     return out.reshape(bsz, nh, dv, h, w).permute(0, 1, 3, 4, 2)

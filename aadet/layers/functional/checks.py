@@ -12,11 +12,13 @@ was given.
 A kernel's own requirements (the dtypes and devices it runs on, its tile sizes, options only it
 has) stay in its file under ``backends/``, next to the code that imposes them.
 """
-from typing import Any, Callable, Optional, Sequence, Tuple
+import math
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 __all__ = [
+    "Interval",
     "argument_error",
     "check_block_attention",
     "check_block_map",
@@ -24,13 +26,16 @@ __all__ = [
     "check_grid_width",
     "check_halo_attention",
     "check_halo_size",
-    "check_impl",
+    "check_in",
+    "check_int",
     "check_kernel_size",
     "check_local_attention",
     "check_logit_tables",
     "check_num_heads",
     "check_one_dtype",
+    "check_one_of",
     "check_positive_int",
+    "check_subset",
     "check_qkv",
     "check_query_chunk",
     "check_query_positions",
@@ -52,27 +57,79 @@ def argument_error(name: str, allowed: str, given: Any) -> ValueError:
 
 
 # ----------------------------------------------------------------------------- scalar rules
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Interval(NamedTuple):
+    """A range of real numbers, written once where its concept lives (``kappa``'s in
+    :mod:`aadet.layers.augmented_conv`, the vote threshold's in :mod:`aadet.modeling.box_voting`)
+    and checked with :func:`check_in` by the layer and the config alike. ``str()`` is how errors
+    say it: ``"> 0"``, ``"in (0, 1]"``."""
+
+    low: float
+    high: float = math.inf
+    low_closed: bool = False
+    high_closed: bool = False
+
+    def __contains__(self, value) -> bool:
+        if not _is_number(value):
+            return False
+        above = value >= self.low if self.low_closed else value > self.low
+        below = value <= self.high if self.high_closed else value < self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return f"{'>=' if self.low_closed else '>'} {self.low:g}"
+        return f"in {'[' if self.low_closed else '('}{self.low:g}, {self.high:g}{']' if self.high_closed else ')'}"
+
+
+def check_in(
+    value, interval: Interval, name: str, error: ErrorFactory = argument_error, note: str = ""
+) -> None:
+    """A number in ``interval`` (``note``: why, appended to the allowed range in the message)."""
+    if value not in interval:
+        raise error(name, f"{interval}{note}", value)
+
+
+def check_int(
+    value, name: str, minimum: int = 1, error: ErrorFactory = argument_error, note: str = ""
+) -> None:
+    """An integer >= ``minimum`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise error(name, f"an integer >= {minimum}{note}", value)
+
+
 def check_positive_int(value, name: str, error: ErrorFactory = argument_error) -> None:
     """An integer >= 1 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise error(name, "an integer >= 1", value)
+    check_int(value, name, 1, error)
+
+
+def check_one_of(
+    value, allowed: Sequence, name: str, error: ErrorFactory = argument_error, note: str = ""
+) -> None:
+    """``value`` is one of ``allowed`` (the owner's tuple, or a registry's names read when the
+    check runs)."""
+    if value not in allowed:
+        raise error(name, f"one of {tuple(allowed)}{note}", value)
+
+
+def check_subset(values, allowed: Sequence, name: str, error: ErrorFactory = argument_error) -> None:
+    """Every element of ``values`` is one of ``allowed``."""
+    if any(v not in allowed for v in values):
+        raise error(name, f"a subset of {tuple(allowed)}", tuple(values))
 
 
 def check_kernel_size(
     kernel_size, name: str = "kernel_size", error: ErrorFactory = argument_error
 ) -> int:
-    """SASA's window side: an odd ``kernel_size = 2r + 1 >= 1``. Returns the radius ``r``."""
-    if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+    """A window or "same"-padded convolution side: an odd ``kernel_size = 2r + 1 >= 1``.
+    Returns the radius ``r``."""
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 \
+            or kernel_size % 2 == 0:
         raise error(name, "an odd integer >= 1", kernel_size)
     return (kernel_size - 1) // 2
-
-
-def check_impl(
-    impl, allowed: Sequence[str], name: str = "impl", error: ErrorFactory = argument_error
-) -> None:
-    """``impl`` is one of ``allowed`` (a front end's ``*_IMPLS``, derived from its registry)."""
-    if impl not in allowed:
-        raise error(name, f"one of {tuple(allowed)}", impl)
 
 
 def check_num_heads(
@@ -115,8 +172,7 @@ def check_block_size(block_size, name: str = "block_size") -> None:
 
 def check_query_chunk(query_chunk) -> None:
     """Queries per chunk of the materialized logit-table route: >= 0 (0 = all at once)."""
-    if isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 0:
-        raise argument_error("query_chunk", ">= 0 (0 = all queries at once)", query_chunk)
+    check_int(query_chunk, "query_chunk", 0, note=" (0 = all queries at once)")
 
 
 # ----------------------------------------------------------------------------- SASA
@@ -208,8 +264,7 @@ def check_block_map(q, k, v, rel_h, rel_w, block_size) -> None:
 # ----------------------------------------------------------------------------- HaloNet
 def check_halo_size(halo_size, name: str = "halo_size", error: ErrorFactory = argument_error) -> None:
     """HaloNet's halo ``h``: the rows/columns of keys around a query block, an integer >= 0."""
-    if isinstance(halo_size, bool) or not isinstance(halo_size, int) or halo_size < 0:
-        raise error(name, "an integer >= 0", halo_size)
+    check_int(halo_size, name, 0, error)
 
 
 def check_query_stride(

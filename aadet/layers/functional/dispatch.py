@@ -1,18 +1,78 @@
-"""How the public functions pick an implementation: the export rule and lazily imported routes.
+"""How the public functions pick an implementation: route registries, the export rule and
+lazily imported routes.
 
-Every public function of this package takes ``impl`` (one of its ``*_IMPLS`` tuple, derived from
-its registry of implementations; checked by :func:`~.checks.check_impl`) and resolves ``"auto"``
-by the rules in its own module. Those rules share one: while a model is being traced or exported
-(:func:`is_exporting`), ``"auto"`` takes a route made only of plain differentiable tensor ops --
-no custom ``torch.autograd.Function`` (traced as an opaque ``prim::PythonOp``) and no
-``scaled_dot_product_attention`` -- so the graph exports to ONNX at opset 17.
+Every public function of this package takes ``impl``: ``"auto"`` or the name of a :class:`Route`
+in its :class:`RouteRegistry` (SASA's ``LOCAL_ATTENTION_BACKENDS``, the logit tables'
+``LOGIT_TABLE_BACKENDS``). The registry is the one list of routes: the allowed ``impl`` values
+(:meth:`RouteRegistry.impls`), the routes that export (:meth:`RouteRegistry.exportable`), the
+error messages and the generated route lists in the docs (:meth:`RouteRegistry.describe`) are
+all read from it when they are needed, so a route registered later appears in every one of them.
+
+``"auto"`` is resolved by the rule in each front end's module. Those rules share one: while a
+model is being traced or exported (:func:`is_exporting`), ``"auto"`` takes a route made only of
+plain differentiable tensor ops -- no custom ``torch.autograd.Function`` (traced as an opaque
+``prim::PythonOp``) and no ``scaled_dot_product_attention`` -- so the graph exports to ONNX at
+opset 17. Such routes are flagged ``exports=True``.
 """
 import importlib
-from typing import Callable
+from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-__all__ = ["is_exporting", "lazy_backend"]
+from .checks import ErrorFactory, argument_error, check_one_of
+
+__all__ = ["AUTO", "Route", "RouteRegistry", "is_exporting", "lazy_backend"]
+
+#: The ``impl`` value that lets the front end pick the route (every registry accepts it).
+AUTO = "auto"
+
+
+class Route(NamedTuple):
+    """One implementation in a :class:`RouteRegistry`.
+
+    Attributes:
+        fn: the implementation, on checked arguments, in its registry's calling convention.
+        summary: what it is and where it runs, in one line (generated docs and messages).
+        exports: it traces into plain tensor ops (TorchScript, ONNX opset 17), so a model whose
+            config names it can be exported (:mod:`aadet.export`).
+        cuda: it runs on CUDA tensors (the C++ CPU kernels do not).
+        blocked: it tiles queries and takes the ``block_size`` keyword (SASA's halo routes).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    summary: str
+    exports: bool = False
+    cuda: bool = True
+    blocked: bool = False
+
+
+class RouteRegistry(Dict[str, Route]):
+    """``impl`` name -> :class:`Route`: the routes of one public function, in the order listed.
+
+    ``"auto"`` is not a route: :meth:`impls` adds it in front. Adding a route is one file under
+    ``backends/`` and one entry in the registry's definition.
+    """
+
+    def __init__(self, what: str, routes: Dict[str, Route]):
+        super().__init__(routes)
+        self.what = what  # e.g. "SASA local attention", for messages
+
+    def impls(self) -> Tuple[str, ...]:
+        """The allowed values of ``impl``: ``"auto"``, then every route."""
+        return (AUTO,) + tuple(self)
+
+    def exportable(self) -> Tuple[str, ...]:
+        """The ``impl`` values a traced or exported model may hold: ``"auto"`` (it takes an
+        exporting route while exporting) and the routes flagged ``exports``."""
+        return (AUTO,) + tuple(name for name, route in self.items() if route.exports)
+
+    def check(self, impl, name: str = "impl", error: ErrorFactory = argument_error) -> None:
+        """``impl`` is one of :meth:`impls` (the message lists them)."""
+        check_one_of(impl, self.impls(), name, error)
+
+    def describe(self, indent: str = "") -> str:
+        """One line per route, ``* ``name``: summary`` (appended to the front ends' docstrings)."""
+        return "\n".join(f"{indent}* ``{name}``: {route.summary}" for name, route in self.items())
 
 
 def is_exporting() -> bool:

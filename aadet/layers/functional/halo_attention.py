@@ -28,22 +28,17 @@ the window of the block holding that pixel, keys and values at full resolution; 
 :func:`halo_attention_2d` checks its arguments once (:mod:`.checks`) and dispatches on ``impl``
 through :data:`HALO_ATTENTION_BACKENDS`, one implementation per file under ``backends/`` (the
 PyTorch ones on the block layout of :mod:`.backends.halo_blocks`), all exact (tested against
-:func:`~aadet.layers.functional.reference.halo_attention_2d_reference`):
-
-* ``"cpp"`` (:mod:`.backends.halo_cpp`, the CPU default where it builds): a C++ kernel, block by
-  block in cache with BLAS gemm's, the logits recomputed in backward (stores only ``q, k, v``, the
-  output and a log-sum-exp per query);
-* ``"bmm"`` (:mod:`.backends.halo_bmm`, the CPU fallback): batched matmuls over all blocks with
-  a hand-written backward (stores the ``(b + 2h)^2`` probabilities of every query);
-* ``"materialized"`` (:mod:`.backends.halo_materialized`): the same in plain tensor ops, left to
-  autograd: the route ``"auto"`` takes under tracing / ONNX export;
-* ``"fused"`` (:mod:`.backends.halo_sdpa`, the CUDA default): one fused SDPA over all blocks,
-  the position tables and the border mask as its additive float bias.
+:func:`~aadet.layers.functional.reference.halo_attention_2d_reference`); ``"auto"`` is
+:func:`auto_halo_attention_impl`. A layer that checked its constant arguments when it was built
+calls :func:`halo_attention_2d_unchecked` in its forward.
 
 :func:`halo_attention_probs_2d` returns the attention probabilities over each block's window (an
 analysis/test helper).
+
+The routes (generated from :data:`HALO_ATTENTION_BACKENDS`):
+
 """
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -53,45 +48,49 @@ from .backends.halo_bmm import bmm_halo_attention
 from .backends.halo_cpp import cpp_halo_attention
 from .backends.halo_materialized import halo_logits, materialized_halo_attention
 from .backends.halo_sdpa import sdpa_halo_attention
-from .checks import check_halo_attention, check_impl
-from .dispatch import is_exporting
+from .checks import check_halo_attention
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting
 
 __all__ = [
     "HALO_ATTENTION_BACKENDS",
-    "HALO_ATTENTION_IMPLS",
-    "HaloAttentionBackend",
     "auto_halo_attention_impl",
     "halo_attention_2d",
+    "halo_attention_2d_unchecked",
     "halo_attention_probs_2d",
 ]
 
-
-class HaloAttentionBackend(NamedTuple):
-    """One implementation of :func:`halo_attention_2d`.
-
-    Attributes:
-        fn: ``fn(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride) -> out`` on checked
-            arguments (shapes as in :func:`halo_attention_2d`; ``q`` already scaled;
-            ``rel_h``/``rel_w`` both tensors or both None).
-        cuda: it runs on CUDA tensors.
-    """
-
-    fn: Callable[..., torch.Tensor]
-    cuda: bool = True
-
-
-#: ``impl`` name -> implementation (one file each; adding one is one file and one line here).
-HALO_ATTENTION_BACKENDS: Dict[str, HaloAttentionBackend] = {
-    "materialized": HaloAttentionBackend(materialized_halo_attention),
-    # Batched matmuls with a hand-written backward on channels-first maps.
-    "bmm": HaloAttentionBackend(bmm_halo_attention),
-    # C++ kernel, block by block in cache, logits recomputed in backward (CPU; compiled on first use).
-    "cpp": HaloAttentionBackend(cpp_halo_attention, cuda=False),
-    "fused": HaloAttentionBackend(sdpa_halo_attention),
-}
-
-#: Allowed values of ``impl`` (the one definition; the layer and the config import it).
-HALO_ATTENTION_IMPLS = ("auto",) + tuple(HALO_ATTENTION_BACKENDS)
+#: ``impl`` name -> :class:`~.dispatch.Route` whose ``fn(q, k, v, rel_h, rel_w, block_size,
+#: halo_size, query_stride) -> out`` runs on checked arguments (shapes as in
+#: :func:`halo_attention_2d`; ``q`` already scaled; ``rel_h``/``rel_w`` both tensors or both
+#: None): the one list of HaloNet's routes (``impl`` of the layer, ``MODEL.HALO.IMPL``, the export
+#: check). Adding a route is one file and one entry here.
+HALO_ATTENTION_BACKENDS = RouteRegistry("HaloNet blocked attention", {
+    "cpp": Route(
+        cpp_halo_attention,
+        "a C++ kernel, block by block in cache with BLAS gemms, the logits recomputed in backward "
+        "from a saved log-sum-exp (keeps only ``q, k, v``, the output and one value per query); "
+        "CPU tensors, compiled on first use (:mod:`.backends.halo_cpp`)",
+        cuda=False,
+    ),
+    "bmm": Route(
+        bmm_halo_attention,
+        "batched matmuls over all blocks with a hand-written backward on channels-first maps "
+        "(stores the ``(b + 2h)^2`` probabilities of every query); pure PyTorch, the CPU fallback "
+        "where the C++ kernel does not build (:mod:`.backends.halo_bmm`)",
+    ),
+    "materialized": Route(
+        materialized_halo_attention,
+        "per block, batched matmuls and an explicit float32 softmax left to autograd; plain "
+        "tensor ops, so it exports (:mod:`.backends.halo_materialized`)",
+        exports=True,
+    ),
+    "fused": Route(
+        sdpa_halo_attention,
+        "one fused SDPA over all blocks, the position tables and the border mask as its additive "
+        "float bias (:mod:`.backends.halo_sdpa`)",
+    ),
+})
+__doc__ += HALO_ATTENTION_BACKENDS.describe() + "\n"
 
 
 def auto_halo_attention_impl(q: torch.Tensor) -> str:
@@ -119,7 +118,7 @@ def halo_attention_2d(
     halo_size: int,
     *,
     query_stride: int = 1,
-    impl: str = "auto",
+    impl: str = AUTO,
 ) -> torch.Tensor:
     """HaloNet's blocked local self-attention, keys outside the map left out (module docstring).
 
@@ -135,17 +134,32 @@ def halo_attention_2d(
         halo_size: the halo ``h >= 0`` around each block.
         query_stride: ``s``, a divisor of ``b``: queries on the strided grid (HaloNet's attention
             downsampling), keys and values at full resolution; 1 (default) for none.
-        impl: one of :data:`HALO_ATTENTION_IMPLS`: ``"materialized"`` (explicit float32 softmax,
-            plain tensor ops), ``"bmm"`` (batched matmuls, own backward), ``"cpp"`` (C++ kernel;
-            CPU), ``"fused"`` (SDPA with the position and mask bias) or ``"auto"``
-            (:func:`auto_halo_attention_impl`).
+        impl: ``"auto"`` (:func:`auto_halo_attention_impl`) or a route of
+            :data:`HALO_ATTENTION_BACKENDS` (the module docstring lists them).
 
     Returns:
         ``[B, Nh, ceil(H/s), ceil(W/s), dv]``.
     """
     check_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride)
-    check_impl(impl, HALO_ATTENTION_IMPLS)
-    if impl == "auto":
+    HALO_ATTENTION_BACKENDS.check(impl)
+    return halo_attention_2d_unchecked(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride, impl)
+
+
+def halo_attention_2d_unchecked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    block_size: int,
+    halo_size: int,
+    query_stride: int,
+    impl: str,
+) -> torch.Tensor:
+    """:func:`halo_attention_2d` on arguments its caller has checked: what a layer calls in its
+    forward, having checked ``block_size``, ``halo_size``, ``query_stride`` and ``impl`` when it
+    was built and made ``q, k, v`` and the embeddings itself."""
+    if impl == AUTO:
         impl = auto_halo_attention_impl(q)
     return HALO_ATTENTION_BACKENDS[impl].fn(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride)
 

@@ -19,24 +19,18 @@ here: the caller scales ``q``.
 :func:`local_self_attention_2d` checks its arguments once (:mod:`.checks`) and dispatches on
 ``impl`` through :data:`LOCAL_ATTENTION_BACKENDS`, one implementation per file under
 ``backends/``, all exact (tested against
-:func:`~aadet.layers.functional.reference.local_self_attention_2d_reference`):
-
-* ``"cpp"`` (:mod:`.backends.sasa_cpp`, the CPU default): a C++ kernel that visits the window
-  once per query row and pass, vectorized along the row, compiled on first use;
-* ``"neighborhood"`` (:mod:`.backends.sasa_neighborhood`, the CPU fallback where the C++ kernel
-  does not build): offset by offset with its own backward; stores only the ``k^2`` attention
-  weights per pixel;
-* ``"fused"`` / ``"materialized"`` (:mod:`.backends.sasa_halo`): blocked with halos, the logits'
-  position and mask terms as query-side tables added inside fused SDPA (the CUDA default) or an
-  explicit float32 softmax (plain tensor ops: the route ``"auto"`` takes under tracing / ONNX
-  export);
-* ``"triton"`` (:mod:`.backends.sasa_triton`): fused Triton kernels (CUDA).
+:func:`~aadet.layers.functional.reference.local_self_attention_2d_reference`); ``"auto"`` is
+:func:`auto_local_attention_impl`. A layer that checked its constant arguments when it was built
+calls :func:`local_self_attention_2d_unchecked` in its forward.
 
 :func:`local_attention_probs_2d` returns the attention probabilities over each window (it does
 store ``k^2`` values per pixel: an analysis/test helper, not a training path). The stem's
 attention within non-overlapping blocks is :mod:`.blocks`.
+
+The routes (generated from :data:`LOCAL_ATTENTION_BACKENDS`):
+
 """
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,54 +39,66 @@ from .backends import sasa_cpp
 from .backends.sasa_cpp import cpp_local_attention
 from .backends.sasa_halo import halo_local_attention_fused, halo_local_attention_materialized
 from .backends.sasa_neighborhood import neighborhood_local_attention
-from .checks import check_block_size, check_impl, check_local_attention
-from .dispatch import is_exporting, lazy_backend
+from .checks import check_block_size, check_local_attention
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "LOCAL_ATTENTION_BACKENDS",
-    "LOCAL_ATTENTION_IMPLS",
-    "LocalAttentionBackend",
     "auto_local_attention_impl",
     "local_attention_probs_2d",
     "local_self_attention_2d",
+    "local_self_attention_2d_unchecked",
 ]
 
-
-class LocalAttentionBackend(NamedTuple):
-    """One implementation of :func:`local_self_attention_2d`.
-
-    Attributes:
-        fn: ``fn(q, k, v, rel_h, rel_w, kernel_size) -> out`` on checked arguments (shapes as in
-            :func:`local_self_attention_2d`; ``q`` already scaled; ``rel_h``/``rel_w`` both
-            tensors or both None), plus ``block_size=`` when ``blocked``.
-        blocked: the implementation tiles queries and takes the ``block_size`` keyword.
-        cuda: it runs on CUDA tensors (the C++ CPU kernel does not).
-    """
-
-    fn: Callable[..., torch.Tensor]
-    blocked: bool = False
-    cuda: bool = True
+#: Query tile side of the blocked routes when none is given (speed/memory only; the layer's and
+#: ``MODEL.SASA.BLOCK_SIZE``'s default too).
+DEFAULT_BLOCK_SIZE = 8
 
 
-#: ``impl`` name -> implementation (one file each; adding one is one file and one line here).
-LOCAL_ATTENTION_BACKENDS: Dict[str, LocalAttentionBackend] = {
-    "neighborhood": LocalAttentionBackend(neighborhood_local_attention),
-    # C++ kernel, one pass over the window per query row (CPU; compiled on first use).
-    "cpp": LocalAttentionBackend(cpp_local_attention, cuda=False),
-    "fused": LocalAttentionBackend(halo_local_attention_fused, blocked=True),
-    "materialized": LocalAttentionBackend(halo_local_attention_materialized, blocked=True),
-    # Fused Triton kernels: online softmax over the window, q.r in-kernel, only out + logsumexp
-    # saved for backward. CUDA, or CPU under Triton's interpreter (tests).
-    "triton": LocalAttentionBackend(
-        lazy_backend("backends.sasa_triton", "launch_triton_local_attention")
+#: ``impl`` name -> :class:`~.dispatch.Route` whose ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
+#: out`` runs on checked arguments (shapes as in :func:`local_self_attention_2d`; ``q`` already
+#: scaled; ``rel_h``/``rel_w`` both tensors or both None; plus ``block_size=`` when ``blocked``):
+#: the one list of SASA's routes (``impl`` of the layer, ``MODEL.SASA.IMPL``, the export check).
+#: Adding a route is one file and one entry here.
+LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
+    "neighborhood": Route(
+        neighborhood_local_attention,
+        "window offsets one at a time, with its own backward; stores only the ``k^2`` attention "
+        "weights per pixel; pure PyTorch, the CPU fallback where the C++ kernel does not build "
+        "(:mod:`.backends.sasa_neighborhood`)",
     ),
-}
+    "cpp": Route(
+        cpp_local_attention,
+        "a C++ kernel that visits the window once per query row and pass, vectorized along the "
+        f"row; CPU tensors, ``kernel_size`` up to {sasa_cpp.MAX_KERNEL_SIZE}, compiled on first "
+        "use (:mod:`.backends.sasa_cpp`)",
+        cuda=False,
+    ),
+    "fused": Route(
+        halo_local_attention_fused,
+        "blocked with halos, the logits' position and mask terms as query-side tables added "
+        "inside fused SDPA; never stores the attention matrix (:mod:`.backends.sasa_halo`)",
+        blocked=True,
+    ),
+    "materialized": Route(
+        halo_local_attention_materialized,
+        "blocked with halos, explicit float32 softmax; plain tensor ops, so it exports "
+        "(:mod:`.backends.sasa_halo`)",
+        exports=True,
+        blocked=True,
+    ),
+    "triton": Route(
+        lazy_backend("backends.sasa_triton", "launch_triton_local_attention"),
+        "fused Triton kernels: online softmax over the window, ``q . r`` in-kernel, only the "
+        "output and logsumexp saved for backward; CUDA, or CPU under Triton's interpreter "
+        "(:mod:`.backends.sasa_triton`)",
+    ),
+})
+__doc__ += LOCAL_ATTENTION_BACKENDS.describe() + "\n"
 
-#: Allowed values of ``impl`` (the one definition; the layer and the config import it).
-LOCAL_ATTENTION_IMPLS = ("auto",) + tuple(LOCAL_ATTENTION_BACKENDS)
 
-
-def auto_local_attention_impl(q: torch.Tensor, kernel_size: int = 7) -> str:
+def auto_local_attention_impl(q: torch.Tensor, kernel_size: int) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
     (plain tensor ops only), ``"fused"`` on CUDA, and on CPU the C++ kernel ``"cpp"`` where it
     builds and takes ``kernel_size`` (the fastest exact CPU route: below a 3x3 conv's training
@@ -115,8 +121,8 @@ def local_self_attention_2d(
     rel_w: Optional[torch.Tensor],
     kernel_size: int,
     *,
-    block_size: int = 8,
-    impl: str = "auto",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    impl: str = AUTO,
 ) -> torch.Tensor:
     """SASA local self-attention over centred ``k x k`` windows clipped to the map (Eq. 3).
 
@@ -131,24 +137,37 @@ def local_self_attention_2d(
         block_size: query tile side ``b`` of the blocked routes (capped at ``H`` / ``W``); any
             value gives the same result, it trades the ``((b + 2r) / b)^2`` halo copies against
             the ``(b + 2r)^2`` keys every query of a tile scores.
-        impl: one of :data:`LOCAL_ATTENTION_IMPLS`: ``"neighborhood"`` (offset by offset,
-            float32 softmax), ``"cpp"`` (C++ kernel, one pass over the window; CPU, ``kernel_size``
-            up to 15), ``"fused"`` (blocked, SDPA), ``"materialized"`` (blocked, explicit
-            float32 softmax), ``"triton"`` (fused Triton kernels; CUDA) or ``"auto"``
-            (:func:`auto_local_attention_impl`).
+        impl: ``"auto"`` (:func:`auto_local_attention_impl`) or a route of
+            :data:`LOCAL_ATTENTION_BACKENDS` (the module docstring lists them).
 
     Returns:
         ``[B, Nh, H, W, dv]``.
     """
     check_local_attention(q, k, v, rel_h, rel_w, kernel_size)
     check_block_size(block_size)
-    check_impl(impl, LOCAL_ATTENTION_IMPLS)
-    if impl == "auto":
+    LOCAL_ATTENTION_BACKENDS.check(impl)
+    return local_self_attention_2d_unchecked(q, k, v, rel_h, rel_w, kernel_size, block_size, impl)
+
+
+def local_self_attention_2d_unchecked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    kernel_size: int,
+    block_size: int,
+    impl: str,
+) -> torch.Tensor:
+    """:func:`local_self_attention_2d` on arguments its caller has checked: what a layer calls in
+    its forward, having checked ``kernel_size``, ``block_size`` and ``impl`` when it was built and
+    made ``q, k, v`` and the embeddings itself."""
+    if impl == AUTO:
         impl = auto_local_attention_impl(q, kernel_size)
-    backend = LOCAL_ATTENTION_BACKENDS[impl]
-    if backend.blocked:
-        return backend.fn(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size)
-    return backend.fn(q, k, v, rel_h, rel_w, kernel_size)
+    route = LOCAL_ATTENTION_BACKENDS[impl]
+    if route.blocked:
+        return route.fn(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size)
+    return route.fn(q, k, v, rel_h, rel_w, kernel_size)
 
 
 def local_attention_probs_2d(

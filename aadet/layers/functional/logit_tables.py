@@ -11,26 +11,15 @@ out-of-map entries of the tables set to a large negative number (that is the mas
 
 :func:`attention_with_logit_tables` checks its arguments once (:mod:`.checks`) and dispatches on
 ``impl`` through :data:`LOGIT_TABLE_BACKENDS`, one exact implementation per file under
-``backends/``:
+``backends/``; ``"auto"`` is :func:`auto_logit_table_impl`. The other public functions built on
+these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`, SASA's halo route)
+call :func:`logit_table_backend` / the route functions directly, on arguments they have checked.
+All keep logits and softmax in float32 under autocast.
 
-* ``"fused"`` (:mod:`.backends.logit_tables_sdpa`): the *augmented dot product* -- tables appended
-  to ``q``, one-hot indicators of ``idx_g[j]`` to ``k`` -- through fused SDPA, which never stores
-  the ``[N, Lq, Lk]`` attention matrix; costs ``sum_g M_g`` extra head dims;
-* ``"materialized"`` (:mod:`.backends.logit_tables_materialized`): logits, float32 softmax and the
-  weighted sum written out over chunks of queries, recomputed in backward; plain tensor ops only
-  (the route ``"auto"`` takes for float64 and while tracing/exporting, :mod:`.dispatch`);
-* ``"triton"`` (:mod:`.backends.logit_tables_triton`): flash attention with AA's row/column tables
-  added in the kernel (no head widening);
-* ``"flex"`` (:mod:`.backends.logit_tables_flex`): ``flex_attention`` with the tables in its
-  ``score_mod``;
-* ``"cpp"`` (:mod:`.backends.logit_tables_cpp`, the CPU default where it builds): a C++ kernel
-  with AA's row/column tables added inside the softmax (no head widening), compiled on first use.
+The routes (generated from :data:`LOGIT_TABLE_BACKENDS`):
 
-The other public functions built on these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`,
-SASA's halo route) call :func:`logit_table_backend` / the route functions directly, on arguments
-they have checked. All keep logits and softmax in float32 under autocast.
 """
-from typing import Callable, Dict, List
+from typing import Callable, List
 
 import torch
 
@@ -38,42 +27,57 @@ from .backends import logit_tables_cpp
 from .backends.logit_tables_cpp import cpp_attention_with_logit_tables
 from .backends.logit_tables_materialized import materialized_attention_with_logit_tables
 from .backends.logit_tables_sdpa import sdpa_attention_with_logit_tables
-from .checks import check_impl, check_logit_tables, check_query_chunk
-from .dispatch import is_exporting, lazy_backend
+from .checks import check_logit_tables, check_query_chunk
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 
 __all__ = [
     "LOGIT_TABLE_BACKENDS",
-    "LOGIT_TABLE_IMPLS",
     "attention_with_logit_tables",
     "auto_logit_table_impl",
-    "CPU_ONLY_LOGIT_TABLE_IMPLS",
     "logit_table_backend",
 ]
 
-#: ``impl`` name -> implementation ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` on
-#: checked arguments (shapes as in :func:`attention_with_logit_tables`). Adding a route is one
-#: file and one line here.
-LOGIT_TABLE_BACKENDS: Dict[str, Callable[..., torch.Tensor]] = {
-    "fused": sdpa_attention_with_logit_tables,
-    "materialized": materialized_attention_with_logit_tables,
-    # Flash attention with the row/column tables added in-kernel (no head widening); CUDA, or
-    # CPU under Triton's interpreter (tests).
-    "triton": lazy_backend(
-        "backends.logit_tables_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)
+#: ``impl`` name -> :class:`~.dispatch.Route` whose ``fn(q, k, v, tables, key_index, *,
+#: query_chunk) -> out`` runs on checked arguments (shapes as in
+#: :func:`attention_with_logit_tables`): the one list of AA's routes (``impl`` of the AA layers,
+#: ``MODEL.AA.IMPL``, the export check). Adding a route is one file and one entry here.
+LOGIT_TABLE_BACKENDS = RouteRegistry("attention with logit tables", {
+    "fused": Route(
+        sdpa_attention_with_logit_tables,
+        "the augmented dot product (tables appended to ``q``, one-hot indicators of ``idx_g[j]`` "
+        "to ``k``) through fused SDPA, which never stores the ``[N, Lq, Lk]`` attention matrix; "
+        "costs ``sum_g M_g`` extra head dims (:mod:`.backends.logit_tables_sdpa`)",
     ),
-    # torch's flex_attention with the tables in its score_mod; backward on CUDA only.
-    "flex": lazy_backend(
-        "backends.logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)
+    "materialized": Route(
+        materialized_attention_with_logit_tables,
+        "logits, float32 softmax and the weighted sum written out over chunks of queries "
+        "(``query_chunk``), recomputed in backward; plain tensor ops, so it exports "
+        "(:mod:`.backends.logit_tables_materialized`)",
+        exports=True,
     ),
-    # The C++ kernel with the row/column tables inside the softmax (CPU; 2D row/column tables only).
-    "cpp": cpp_attention_with_logit_tables,
-}
-
-#: Routes that run on CPU tensors only (the CUDA tests leave them out).
-CPU_ONLY_LOGIT_TABLE_IMPLS = ("cpp",)
-
-#: Allowed values of ``impl`` (the one definition; AA layers and the config import it).
-LOGIT_TABLE_IMPLS = ("auto",) + tuple(LOGIT_TABLE_BACKENDS)
+    "triton": Route(
+        lazy_backend(
+            "backends.logit_tables_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)
+        ),
+        "flash attention with AA's row/column tables added in the kernel (no head widening); "
+        "CUDA, or CPU under Triton's interpreter (:mod:`.backends.logit_tables_triton`)",
+    ),
+    "flex": Route(
+        lazy_backend(
+            "backends.logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)
+        ),
+        "``flex_attention`` with the tables in its ``score_mod``; backward on CUDA only "
+        "(:mod:`.backends.logit_tables_flex`)",
+    ),
+    "cpp": Route(
+        cpp_attention_with_logit_tables,
+        "a C++ kernel with AA's row/column tables added inside the softmax (no head widening); "
+        "CPU tensors, 2D row/column tables only, compiled on first use "
+        "(:mod:`.backends.logit_tables_cpp`)",
+        cuda=False,
+    ),
+})
+__doc__ += LOGIT_TABLE_BACKENDS.describe() + "\n"
 
 
 def auto_logit_table_impl(q: torch.Tensor) -> str:
@@ -90,7 +94,7 @@ def auto_logit_table_impl(q: torch.Tensor) -> str:
 
 def logit_table_backend(impl: str, q: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The implementation a checked ``impl`` names, ``"auto"`` resolved for queries ``q``."""
-    return LOGIT_TABLE_BACKENDS[auto_logit_table_impl(q) if impl == "auto" else impl]
+    return LOGIT_TABLE_BACKENDS[auto_logit_table_impl(q) if impl == AUTO else impl].fn
 
 
 def attention_with_logit_tables(
@@ -100,7 +104,7 @@ def attention_with_logit_tables(
     tables: List[torch.Tensor],
     key_index: List[torch.Tensor],
     *,
-    impl: str = "auto",
+    impl: str = AUTO,
     query_chunk: int = 0,
 ) -> torch.Tensor:
     """``softmax(q . k + sum_g tables[g][..., key_index[g]]) v`` over the key axis, exactly.
@@ -111,12 +115,8 @@ def attention_with_logit_tables(
         v: ``[*, Lk, dv]`` values.
         tables: list of ``[*, Lq, M_g]`` query-side logit tables (may be empty).
         key_index: list of ``[Lk]`` long tensors in ``[0, M_g)``: the table column of each key.
-        impl: one of :data:`LOGIT_TABLE_IMPLS`: ``"fused"`` (augmented dot product through
-            SDPA), ``"materialized"`` (explicit float32 logits, chunked over queries),
-            ``"triton"`` (flash attention with the tables added in the kernel; 2D row/column
-            tables only; CUDA), ``"flex"`` (``flex_attention`` score_mod; backward on CUDA only) or
-            ``"auto"`` (:func:`auto_logit_table_impl`: fused, except for float64 inputs and
-            while tracing/exporting).
+        impl: ``"auto"`` (:func:`auto_logit_table_impl`) or a route of
+            :data:`LOGIT_TABLE_BACKENDS` (the module docstring lists them).
         query_chunk: queries per chunk of the materialized route (0 = all at once); it bounds
             that route's peak memory to ``N * query_chunk * Lk`` logits. The fused route never
             stores the logits and ignores it.
@@ -124,7 +124,7 @@ def attention_with_logit_tables(
     Returns:
         ``[*, Lq, dv]``.
     """
-    check_impl(impl, LOGIT_TABLE_IMPLS)
+    LOGIT_TABLE_BACKENDS.check(impl)
     check_logit_tables(q, k, v, tables, key_index)
     check_query_chunk(query_chunk)
     return logit_table_backend(impl, q)(q, k, v, tables, key_index, query_chunk=query_chunk)

@@ -28,14 +28,14 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .checks import (
-    check_impl,
     check_query_chunk,
     check_query_positions,
     check_relative_embedding,
     check_relative_qk,
     check_relative_v,
 )
-from .logit_tables import LOGIT_TABLE_IMPLS, logit_table_backend
+from .dispatch import AUTO
+from .logit_tables import LOGIT_TABLE_BACKENDS, logit_table_backend
 
 __all__ = [
     "rel_to_abs",
@@ -43,6 +43,7 @@ __all__ = [
     "relative_logit_tables_2d",
     "relative_table_for_length",
     "relative_self_attention_2d",
+    "relative_self_attention_2d_unchecked",
     "relative_attention_weights_2d",
 ]
 
@@ -169,7 +170,7 @@ def relative_self_attention_2d(
     rel_h: Optional[torch.Tensor] = None,
     rel_w: Optional[torch.Tensor] = None,
     *,
-    impl: str = "auto",
+    impl: str = AUTO,
     query_chunk: int = 0,
 ) -> torch.Tensor:
     """Global multi-head self-attention over a 2D map with 2D relative logits (AA, Sec. 3.2).
@@ -184,8 +185,8 @@ def relative_self_attention_2d(
         rel_h: ``[2H - 1, dk]`` height embeddings (shared across heads), or None for no
             height term.
         rel_w: ``[2W - 1, dk]`` width embeddings, or None for no width term.
-        impl: one of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_IMPLS`
-            (``"auto"``, ``"fused"``, ``"materialized"``, ``"triton"``, ``"flex"``); see
+        impl: ``"auto"`` or a route of
+            :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`; see
             :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`.
         query_chunk: queries per chunk of the materialized route (0 = all); bounds its peak
             memory (``B * Nh * query_chunk * HW`` logits), which matters where that route runs:
@@ -200,7 +201,23 @@ def relative_self_attention_2d(
     check_relative_embedding("rel_h", rel_h, h, "H", dk)
     check_relative_embedding("rel_w", rel_w, w, "W", dk)
     check_query_chunk(query_chunk)
-    check_impl(impl, LOGIT_TABLE_IMPLS)
+    LOGIT_TABLE_BACKENDS.check(impl)
+    return relative_self_attention_2d_unchecked(q, k, v, rel_h, rel_w, impl, query_chunk)
+
+
+def relative_self_attention_2d_unchecked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    impl: str,
+    query_chunk: int,
+) -> torch.Tensor:
+    """:func:`relative_self_attention_2d` on arguments its caller has checked: what a layer
+    calls in its forward, having checked ``impl`` and ``query_chunk`` when it was built and made
+    ``q, k, v`` and the embeddings itself."""
+    b, nh, h, w, dk = q.shape
     tables, key_index = relative_logit_tables_2d(q, rel_h, rel_w)
     out = logit_table_backend(impl, q)(
         q.reshape(b, nh, h * w, dk),  # [B, Nh, HW, dk]

@@ -7,7 +7,7 @@ followed by batch norm (Section 3.3).
 
 The network is Detectron2's ResNet (:func:`~aadet.modeling.backbone.resnet_stages.build_resnet`,
 the stage loop of ``build_resnet_backbone``) with other block classes in the augmented stages
-(``MODEL.AA.STAGES``), their layers configured by
+(``MODEL.AA.STAGES``), their layers' options read by
 :func:`~aadet.modeling.attention_layers.aa_layer_kwargs`:
 
 * :class:`AABottleneckBlock` (R-50/101/152): Detectron2's ``BottleneckBlock`` whose 3x3
@@ -19,20 +19,25 @@ the stage loop of ``build_resnet_backbone``) with other block classes in the aug
   (Section 4.2) uses kappa = nu = 0.25 (set ``MODEL.AA.KAPPA/NU``).
 
 Every other key (stem, depth, widths, groups, strides, dilation, FREEZE_AT, OUT_FEATURES, NORM)
-means what it means for Detectron2's ResNet. Registered as ``build_aa_resnet_backbone`` and
-``build_retinanet_aa_resnet_fpn_backbone``.
+means what it means for Detectron2's ResNet. Registered as ``build_aa_resnet_backbone`` (also
+callable with plain arguments) and ``build_retinanet_aa_resnet_fpn_backbone``.
 """
+import math
+from typing import Any, Dict, Sequence
+
 import fvcore.nn.weight_init as weight_init
+from detectron2.config import configurable
 from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
-from detectron2.modeling.backbone.resnet import BasicBlock, BasicStem, BottleneckBlock, ResNet
+from detectron2.modeling.backbone.resnet import BasicBlock, BottleneckBlock, ResNet
 
-from ...config import check_aa_config
+from ...config import config_error
 from ...layers.augmented_conv import AugmentedConv2d
+from ...layers.functional.checks import Interval, check_in
 from ..attention_layers import aa_layer_kwargs
 from .fpn import build_retinanet_fpn
-from .resnet_stages import ResNetStage, build_resnet
+from .resnet_stages import ResNetStage, basic_stem, build_resnet, check_stage_names, resnet_from_config
 
 __all__ = [
     "AugmentedConv2dNorm",
@@ -76,7 +81,7 @@ class AABottleneckBlock(BottleneckBlock):
 
     ``aa_kwargs`` go to :class:`AugmentedConv2d` (``kappa``, ``nu``, ``num_heads``,
     ``positional_encoding``, ``attention_downsample``, ``max_size``, ``clip_distances``,
-    ``min_dk_per_head``; see :func:`~aadet.modeling.attention_layers.aa_layer_kwargs`).
+    ``min_dk_per_head``, ``impl``; the layer's defaults for those not given).
     """
 
     def __init__(
@@ -137,34 +142,82 @@ class AABasicBlock(BasicBlock):
         _c2_msra_fill_augmented(self.conv1)
 
 
+def stage_max_size(max_input_size: int, stage_stride: int, downsample: bool) -> int:
+    """The attention-map side of the largest allowed input at a stage of output stride
+    ``stage_stride``: ``ceil(max_input_size / stage_stride)``, halved again (rounded up) where the
+    attention is downsampled (e.g. 224 -> 28 / 14 / 7 at res3 / res4 / res5, 14 at a downsampled
+    res3)."""
+    max_size = math.ceil(max_input_size / stage_stride)
+    return math.ceil(max_size / 2) if downsample else max_size
+
+
+def _aa_resnet_from_config(cfg, input_shape: ShapeSpec) -> Dict[str, Any]:
+    """``MODEL.AA.*`` and ``MODEL.RESNETS.*`` -> :func:`build_aa_resnet_backbone`'s arguments,
+    checking the keys this builder owns (stage names, ``MAX_INPUT_SIZE``)."""
+    aa = cfg.MODEL.AA
+    stages = check_stage_names("MODEL.AA.STAGES", aa.STAGES)
+    downsample = check_stage_names("MODEL.AA.DOWNSAMPLE_STAGES", aa.DOWNSAMPLE_STAGES)
+    check_in(aa.MAX_INPUT_SIZE, Interval(0.0), "MODEL.AA.MAX_INPUT_SIZE", config_error)
+    return dict(
+        stem=basic_stem(cfg, input_shape),
+        aa_stages=stages,
+        downsample_stages=downsample,
+        max_input_size=aa.MAX_INPUT_SIZE,
+        attention=aa_layer_kwargs(cfg),
+        **resnet_from_config(cfg),
+    )
+
+
 @BACKBONE_REGISTRY.register()
-def build_aa_resnet_backbone(cfg, input_shape: ShapeSpec) -> ResNet:
-    """AA-ResNet from config: Detectron2's ResNet with AA blocks in ``MODEL.AA.STAGES``.
+@configurable(from_config=_aa_resnet_from_config)
+def build_aa_resnet_backbone(
+    *,
+    stem,
+    aa_stages: Sequence[str],
+    downsample_stages: Sequence[str],
+    max_input_size: int,
+    attention: Dict[str, Any],
+    **resnet,
+) -> ResNet:
+    """AA-ResNet: Detectron2's ResNet with AA blocks in ``aa_stages``.
+
+    Called as a backbone builder, ``(cfg, input_shape)``, its arguments come from the config
+    (``MODEL.AA.STAGES``, ``DOWNSAMPLE_STAGES``, ``MAX_INPUT_SIZE``, the layer keys, and
+    Detectron2's ``MODEL.RESNETS.*``).
+
+    Args:
+        stem: the stem module (Detectron2's ``BasicStem`` from the config).
+        aa_stages: stages whose blocks are augmented.
+        downsample_stages: stages whose attention runs on a 3x3/2 average-pooled input.
+        max_input_size: the largest input side the relative tables cover (each stage's
+            ``max_size``: :func:`stage_max_size`).
+        attention: the other :class:`AugmentedConv2d` options (``kappa``, ``nu``, ``num_heads``,
+            ``positional_encoding``, ``clip_distances``, ``min_dk_per_head``, ``impl``).
+        resnet: :func:`~.resnet_stages.build_resnet`'s other arguments.
 
     Returns:
         ResNet: Detectron2's :class:`ResNet` (same stem, stages, freezing and outputs).
 
     Raises:
-        ConfigValueError: naming the key, for ``MODEL.AA.*`` out of range and ResNet settings
-            Detectron2 does not build (see :func:`~.resnet_stages.build_resnet`).
+        ConfigValueError: naming the key, for ResNet settings Detectron2 does not build (see
+            :func:`~.resnet_stages.build_resnet`).
     """
-    check_aa_config(cfg)
-    aa_stages = tuple(cfg.MODEL.AA.STAGES)
-    stem = BasicStem(
-        in_channels=input_shape.channels,
-        out_channels=cfg.MODEL.RESNETS.STEM_OUT_CHANNELS,
-        norm=cfg.MODEL.RESNETS.NORM,
-    )
+    aa_stages, downsample_stages = tuple(aa_stages), tuple(downsample_stages)
 
     def block_for_stage(stage: ResNetStage):
         if stage.name not in aa_stages:
             return None
         block = AABasicBlock if stage.bottleneck_channels == 0 else AABottleneckBlock
-        return block, aa_layer_kwargs(cfg, stage.name, stage.stride)
+        downsample = stage.name in downsample_stages
+        return block, dict(
+            attention,
+            attention_downsample=downsample,
+            max_size=stage_max_size(max_input_size, stage.stride, downsample),
+        )
 
     return build_resnet(
-        cfg, stem, block_for_stage=block_for_stage, attention_stages=aa_stages,
-        builder="build_aa_resnet_backbone",
+        stem, block_for_stage=block_for_stage, attention_stages=aa_stages,
+        builder="build_aa_resnet_backbone", **resnet,
     )
 
 

@@ -24,12 +24,13 @@ norm, activation, bias), its value projection initialised like the FPN's convolu
 (``c2_xavier_fill``), queries/keys with ``LocalSelfAttention2d``'s default.
 """
 import fvcore.nn.weight_init as weight_init
+from detectron2.config import configurable
 from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
 
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import FPN_SPATIAL_LAYER_REGISTRY
 
-__all__ = ["convert_fpn_to_attention", "attention_spatial_layers"]
+__all__ = ["convert_fpn_to_attention"]
 
 
 def _replace_aliases(seq, old, new):
@@ -38,8 +39,18 @@ def _replace_aliases(seq, old, new):
             seq[i] = new
 
 
+def _attention_fpn_from_config(cfg, fpn: FPN):
+    """``MODEL.FPN.ATTENTION_TOP_BLOCK`` and the ``MODEL.SASA`` layer keys
+    (:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`)."""
+    return dict(fpn=fpn, top_block=cfg.MODEL.FPN.ATTENTION_TOP_BLOCK, **sasa_layer_kwargs(cfg))
+
+
+@FPN_SPATIAL_LAYER_REGISTRY.register("attention")
+@configurable(from_config=_attention_fpn_from_config)
 def convert_fpn_to_attention(fpn: FPN, *, top_block: bool = False, **attention) -> FPN:
-    """Replace ``fpn``'s 3x3 output convs, and its P6/P7 convs if ``top_block``, in place.
+    """Replace ``fpn``'s 3x3 output convs, and its P6/P7 convs if ``top_block``, in place:
+    ``MODEL.FPN.SPATIAL_LAYER = "attention"``, SASA's attentional FPN (called as ``(cfg, fpn)``,
+    its arguments come from ``MODEL.FPN.ATTENTION_TOP_BLOCK`` and the ``MODEL.SASA`` layer keys).
 
     Returns ``fpn``. ``top_block=True`` requires a ``LastLevelP6P7`` (or no top block at all);
     another top block (e.g. ``LastLevelMaxPool``) has no convolution and is left alone.
@@ -59,13 +70,3 @@ def convert_fpn_to_attention(fpn: FPN, *, top_block: bool = False, **attention) 
             new = local_attention_for_conv(old, weight_init.c2_xavier_fill, **attention)
             setattr(fpn.top_block, name, new)
     return fpn
-
-
-@FPN_SPATIAL_LAYER_REGISTRY.register("attention")
-def attention_spatial_layers(fpn: FPN, cfg) -> FPN:
-    """``MODEL.FPN.SPATIAL_LAYER = "attention"``: SASA's attentional FPN. The output convs become
-    local self-attention (:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`); P6/P7 too
-    if ``MODEL.FPN.ATTENTION_TOP_BLOCK`` (see the module docstring)."""
-    return convert_fpn_to_attention(
-        fpn, top_block=cfg.MODEL.FPN.ATTENTION_TOP_BLOCK, **sasa_layer_kwargs(cfg)
-    )

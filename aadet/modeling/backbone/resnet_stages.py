@@ -5,30 +5,44 @@ dilation, groups, ``STRIDE_IN_1X1``, deformable stages, ``FREEZE_AT``, ``OUT_FEA
 points of variation: the stem, and a ``block_for_stage(stage)`` callback that returns the block
 class of one stage and its extra keyword arguments, or ``None`` for Detectron2's own block. With
 ``block_for_stage`` always ``None`` the result equals ``build_resnet_backbone``'s
-(``tests/modeling/test_resnet_stages.py`` compares them). ``MODEL.RESNETS.ZERO_INIT_RESIDUAL`` (aadet's
-key, off by default) zeroes the last norm's scale of every block.
+(``tests/modeling/test_resnet_stages.py`` compares them). ``zero_init_residual``
+(``MODEL.RESNETS.ZERO_INIT_RESIDUAL``, aadet's key, off by default) zeroes the last norm's scale
+of every block.
+
+It takes plain arguments; :func:`resnet_from_config` is the one place that reads
+``MODEL.RESNETS.*`` and ``MODEL.BACKBONE.FREEZE_AT`` for it (``build_resnet(cfg, stem=...)``
+calls it, Detectron2's ``@configurable``).
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+from detectron2.config import configurable
+from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone.resnet import (
     BasicBlock,
+    BasicStem,
     BottleneckBlock,
     CNNBlockBase,
     DeformBottleneckBlock,
     ResNet,
 )
 
-from ...config import STAGE_NAMES, config_error
+from ...config import config_error
+from ...layers.functional.checks import check_subset
 
 __all__ = [
     "BASIC_DEPTHS",
     "RESNET_BLOCKS_PER_STAGE",
+    "STAGE_NAMES",
     "ResNetStage",
+    "basic_stem",
     "build_resnet",
-    "zero_init_residual",
+    "check_stage_names",
+    "resnet_from_config",
 ]
+
+STAGE_NAMES = ("res2", "res3", "res4", "res5")  # the stages a key or argument may name
 
 # Blocks per stage res2..res5: Detectron2's depths (build_resnet_backbone) plus the SASA paper's
 # ResNet-26 and ResNet-38 (Sec. 4.1: ResNet-50's [3, 4, 6, 3] minus 2 / 1 blocks per stage), which
@@ -67,22 +81,57 @@ class ResNetStage:
 BlockChoice = Optional[Tuple[type, Dict]]
 
 
-def _detectron2_block(cfg, stage: ResNetStage, basic: bool) -> Tuple[type, Dict]:
-    if basic:
-        return BasicBlock, {}
-    if stage.deform:
-        r = cfg.MODEL.RESNETS
-        return DeformBottleneckBlock, dict(
-            deform_modulated=r.DEFORM_MODULATED, deform_num_groups=r.DEFORM_NUM_GROUPS
-        )
-    return BottleneckBlock, {}
+def check_stage_names(key: str, stages: Sequence[str]) -> Tuple[str, ...]:
+    """``stages`` (the value of config key ``key``) as a tuple of :data:`STAGE_NAMES`."""
+    check_subset(tuple(stages), STAGE_NAMES, key, config_error)
+    return tuple(stages)
 
 
+def basic_stem(cfg, input_shape: ShapeSpec) -> BasicStem:
+    """Detectron2's conv stem (7x7/2 conv, 3x3/2 max pool) from ``MODEL.RESNETS``."""
+    r = cfg.MODEL.RESNETS
+    return BasicStem(in_channels=input_shape.channels, out_channels=r.STEM_OUT_CHANNELS, norm=r.NORM)
+
+
+def resnet_from_config(cfg) -> Dict:
+    """``MODEL.RESNETS.*`` and ``MODEL.BACKBONE.FREEZE_AT`` -> :func:`build_resnet`'s arguments
+    (all but the stem and the block choice)."""
+    r = cfg.MODEL.RESNETS
+    return dict(
+        depth=r.DEPTH,
+        norm=r.NORM,
+        res2_out_channels=r.RES2_OUT_CHANNELS,
+        width_per_group=r.WIDTH_PER_GROUP,
+        num_groups=r.NUM_GROUPS,
+        stride_in_1x1=r.STRIDE_IN_1X1,
+        res5_dilation=r.RES5_DILATION,
+        deform_on_per_stage=tuple(r.DEFORM_ON_PER_STAGE),
+        deform_modulated=r.DEFORM_MODULATED,
+        deform_num_groups=r.DEFORM_NUM_GROUPS,
+        zero_init_residual=r.ZERO_INIT_RESIDUAL,
+        out_features=r.OUT_FEATURES,
+        freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
+    )
+
+
+@configurable(from_config=resnet_from_config)
 def build_resnet(
-    cfg,
     stem: CNNBlockBase,
     *,
-    block_for_stage: Callable[[ResNetStage], BlockChoice],
+    depth: int,
+    norm,
+    res2_out_channels: int,
+    width_per_group: int,
+    num_groups: int,
+    stride_in_1x1: bool,
+    res5_dilation: int,
+    deform_on_per_stage: Sequence[bool],
+    deform_modulated: bool,
+    deform_num_groups: int,
+    zero_init_residual: bool,
+    out_features: Sequence[str],
+    freeze_at: int,
+    block_for_stage: Callable[[ResNetStage], BlockChoice] = lambda stage: None,
     blocks_per_stage: Dict[int, Sequence[int]] = RESNET_BLOCKS_PER_STAGE,
     attention_stages: Sequence[str] = (),
     builder: str = "build_resnet",
@@ -91,52 +140,54 @@ def build_resnet(
 
     Args:
         stem: the stem module (with ``stride`` and ``out_channels``, as ``BasicStem``).
+        depth, norm, ..., freeze_at: Detectron2's ``MODEL.RESNETS.*`` of the same names and
+            ``MODEL.BACKBONE.FREEZE_AT`` (:func:`resnet_from_config`); ``zero_init_residual``:
+            zero the scale of the last norm of every block (:func:`_zero_init_residual`).
         block_for_stage: ``stage -> (block_class, extra_kwargs)`` or ``None`` (Detectron2's
             ``BasicBlock`` / ``BottleneckBlock`` / ``DeformBottleneckBlock``). Blocks get
             Detectron2's arguments (``in_channels``, ``out_channels``, ``stride``, ``norm``, and
             for bottlenecks ``bottleneck_channels``, ``num_groups``, ``stride_in_1x1``,
             ``dilation``) plus the extra ones.
-        blocks_per_stage: ``MODEL.RESNETS.DEPTH -> blocks in res2..res5``.
+        blocks_per_stage: ``depth -> blocks in res2..res5``.
         attention_stages: stages whose blocks have attention (they cannot be deformable).
         builder: the calling builder's name, for error messages.
 
     Raises:
-        ConfigValueError: for a depth not in ``blocks_per_stage``, deformable attention stages,
-            and Detectron2's R18/R34 restrictions.
+        ConfigValueError: naming the ``MODEL.RESNETS`` key, for a depth not in
+            ``blocks_per_stage``, deformable attention stages, and Detectron2's R18/R34
+            restrictions.
     """
-    r = cfg.MODEL.RESNETS
-    depth = r.DEPTH
     if depth not in blocks_per_stage:
         raise config_error(
             "MODEL.RESNETS.DEPTH", f"one of {sorted(blocks_per_stage)} for {builder}", depth
         )
-    deform = tuple(r.DEFORM_ON_PER_STAGE)
+    deform = tuple(deform_on_per_stage)
     if any(d and name in attention_stages for name, d in zip(STAGE_NAMES, deform)):
         raise config_error(
             "MODEL.RESNETS.DEFORM_ON_PER_STAGE",
             f"all False in the attention stages {tuple(attention_stages)}",
             deform,
         )
-    if r.RES5_DILATION not in (1, 2):
-        raise config_error("MODEL.RESNETS.RES5_DILATION", "1 or 2", r.RES5_DILATION)
+    if res5_dilation not in (1, 2):
+        raise config_error("MODEL.RESNETS.RES5_DILATION", "1 or 2", res5_dilation)
     basic = depth in BASIC_DEPTHS
     if basic:
         for key, value, allowed in (
-            ("RES2_OUT_CHANNELS", r.RES2_OUT_CHANNELS, 64),
-            ("RES5_DILATION", r.RES5_DILATION, 1),
-            ("NUM_GROUPS", r.NUM_GROUPS, 1),
+            ("RES2_OUT_CHANNELS", res2_out_channels, 64),
+            ("RES5_DILATION", res5_dilation, 1),
+            ("NUM_GROUPS", num_groups, 1),
         ):
             if value != allowed:
                 raise config_error(f"MODEL.RESNETS.{key}", f"{allowed} for R18/R34", value)
 
-    in_channels = r.STEM_OUT_CHANNELS
-    out_channels = r.RES2_OUT_CHANNELS
-    bottleneck_channels = r.NUM_GROUPS * r.WIDTH_PER_GROUP
+    in_channels = stem.out_channels
+    out_channels = res2_out_channels
+    bottleneck_channels = num_groups * width_per_group
     current_stride = stem.stride
     stages = []
     for idx, (name, num_blocks) in enumerate(zip(STAGE_NAMES, blocks_per_stage[depth])):
         # res5_dilation is used this way as a convention in R-FCN & Deformable Conv paper
-        dilation = r.RES5_DILATION if name == "res5" else 1
+        dilation = res5_dilation if name == "res5" else 1
         first_stride = 1 if idx == 0 or dilation == 2 else 2
         current_stride *= first_stride
         stage = ResNetStage(
@@ -146,37 +197,45 @@ def build_resnet(
             in_channels=in_channels,
             out_channels=out_channels,
             bottleneck_channels=0 if basic else bottleneck_channels,
-            num_groups=r.NUM_GROUPS,
+            num_groups=num_groups,
             dilation=dilation,
             deform=bool(deform[idx]),
         )
-        block_class, extra = block_for_stage(stage) or _detectron2_block(cfg, stage, basic)
+        if basic:
+            own_block = BasicBlock, {}
+        elif stage.deform:
+            own_block = DeformBottleneckBlock, dict(
+                deform_modulated=deform_modulated, deform_num_groups=deform_num_groups
+            )
+        else:
+            own_block = BottleneckBlock, {}
+        block_class, extra = block_for_stage(stage) or own_block
         kwargs = dict(
             block_class=block_class,
             num_blocks=num_blocks,
             stride_per_block=[first_stride] + [1] * (num_blocks - 1),
             in_channels=in_channels,
             out_channels=out_channels,
-            norm=r.NORM,
+            norm=norm,
         )
         if not basic:
             kwargs.update(
                 bottleneck_channels=bottleneck_channels,
-                num_groups=r.NUM_GROUPS,
-                stride_in_1x1=r.STRIDE_IN_1X1,
+                num_groups=num_groups,
+                stride_in_1x1=stride_in_1x1,
                 dilation=dilation,
             )
         stages.append(ResNet.make_stage(**kwargs, **extra))
         in_channels = out_channels
         out_channels *= 2
         bottleneck_channels *= 2
-    if r.ZERO_INIT_RESIDUAL:
+    if zero_init_residual:
         for block in (b for stage in stages for b in stage):
-            zero_init_residual(block, builder)
-    return ResNet(stem, stages, out_features=r.OUT_FEATURES, freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT)
+            _zero_init_residual(block, builder)
+    return ResNet(stem, stages, out_features=out_features, freeze_at=freeze_at)
 
 
-def zero_init_residual(block: CNNBlockBase, builder: str = "build_resnet") -> None:
+def _zero_init_residual(block: CNNBlockBase, builder: str = "build_resnet") -> None:
     """Zero the scale of the last norm of ``block``'s residual branch (``conv3`` of a bottleneck,
     ``conv2`` of a basic block; attention blocks keep those names), so the block starts as the
     identity, or as its projection shortcut (Goyal et al. 2017, Sec. 5.1; the TF-TPU ResNet of

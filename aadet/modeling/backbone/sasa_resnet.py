@@ -10,7 +10,7 @@ ResNet conv stem or the spatially-aware attention stem (Section 3.2).
 
 The stages are Detectron2's (:func:`~aadet.modeling.backbone.resnet_stages.build_resnet`) with
 :class:`SASABottleneckBlock` in ``MODEL.SASA.STAGES``. Registered as ``build_sasa_resnet_backbone``
-(bottom-up) and ``build_retinanet_sasa_resnet_fpn_backbone``.
+(bottom-up; also callable with plain arguments) and ``build_retinanet_sasa_resnet_fpn_backbone``.
 
 Config keys: ``MODEL.SASA.*`` (``STAGES``, ``STEM``, ``STEM_*``, and the layer keys read by
 :func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`) and Detectron2's
@@ -18,25 +18,41 @@ Config keys: ``MODEL.SASA.*`` (``STAGES``, ``STEM``, ``STEM_*``, and the layer k
 ``RES2_OUT_CHANNELS``, ``WIDTH_PER_GROUP``, ``NUM_GROUPS``, ``STRIDE_IN_1X1``,
 ``RES5_DILATION``, ``DEFORM_ON_PER_STAGE``) and ``MODEL.BACKBONE.FREEZE_AT``.
 """
+from typing import Any, Dict, Sequence
+
 import fvcore.nn.weight_init as weight_init
+from detectron2.config import configurable
 from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
-from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
+from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
 
-from ...config import check_sasa_config, config_error
+from ...config import config_error, layer_defaults
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
-from ...layers.functional.checks import check_num_heads
+from ...layers.local_attention import LocalSelfAttention2d
+from ...layers.functional.checks import check_num_heads, check_one_of
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
-from .resnet_stages import BASIC_DEPTHS, RESNET_BLOCKS_PER_STAGE, ResNetStage, build_resnet
+from .resnet_stages import (
+    BASIC_DEPTHS,
+    RESNET_BLOCKS_PER_STAGE,
+    ResNetStage,
+    basic_stem,
+    build_resnet,
+    check_stage_names,
+    resnet_from_config,
+)
 
 __all__ = [
     "SASABottleneckBlock",
     "SASA_BLOCKS_PER_STAGE",
+    "SASA_STEMS",
     "build_sasa_resnet_backbone",
     "build_retinanet_sasa_resnet_fpn_backbone",
 ]
+
+#: ``MODEL.SASA.STEM``: ResNet's conv stem, or the spatially-aware attention stem.
+SASA_STEMS = ("conv", "attention")
 
 # Blocks per stage (res2..res5): the bottleneck depths of the shared table (26/38: ResNet-50 minus
 # 2/1 blocks per stage, paper Sec. 4.1); SASA blocks are bottlenecks.
@@ -94,11 +110,12 @@ class SASABottleneckBlock(BottleneckBlock):
 
 def _build_stem(cfg, input_shape: ShapeSpec):
     """``MODEL.SASA.STEM``: ResNet's conv stem, or the spatially-aware attention stem."""
+    sa = cfg.MODEL.SASA
+    check_one_of(sa.STEM, SASA_STEMS, "MODEL.SASA.STEM", config_error)
+    if sa.STEM == "conv":
+        return basic_stem(cfg, input_shape)
     norm = cfg.MODEL.RESNETS.NORM
     out_channels = cfg.MODEL.RESNETS.STEM_OUT_CHANNELS
-    sa = cfg.MODEL.SASA
-    if sa.STEM == "conv":
-        return BasicStem(in_channels=input_shape.channels, out_channels=out_channels, norm=norm)
     if out_channels % sa.STEM_NUM_HEADS != 0:
         raise config_error(
             "MODEL.SASA.STEM_NUM_HEADS",
@@ -117,22 +134,22 @@ def _build_stem(cfg, input_shape: ShapeSpec):
     )
 
 
-def _check_attention_stage(cfg, stage: ResNetStage):
+def _check_attention_stage(stage: ResNetStage, attention_stages, attention: Dict[str, Any]):
     """Settings an attention stage cannot take (the conv stages may)."""
-    sa = cfg.MODEL.SASA
     name, width = stage.name, stage.bottleneck_channels
     if stage.num_groups != 1:
         raise config_error(
             "MODEL.RESNETS.NUM_GROUPS",
-            f"1 when {name} uses attention (MODEL.SASA.STAGES={tuple(sa.STAGES)})",
+            f"1 when {name} uses attention (MODEL.SASA.STAGES={tuple(attention_stages)})",
             stage.num_groups,
         )
     if stage.dilation != 1:
         raise config_error("MODEL.RESNETS.RES5_DILATION", "1 when res5 uses attention", stage.dilation)
+    options = {**layer_defaults(LocalSelfAttention2d), **attention}
     check_num_heads(
-        sa.NUM_HEADS,
+        options["num_heads"],
         width,
-        min_per_head=2 if sa.POSITIONAL_ENCODING == "relative" else 1,
+        min_per_head=2 if options["positional_encoding"] == "relative" else 1,
         name="MODEL.SASA.NUM_HEADS",
         channels_name=f"the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage)",
         per_head_reason=f"for relative positions in {name}, bottleneck width {width}",
@@ -140,32 +157,55 @@ def _check_attention_stage(cfg, stage: ResNetStage):
     )
 
 
-@BACKBONE_REGISTRY.register()
-def build_sasa_resnet_backbone(cfg, input_shape: ShapeSpec) -> ResNet:
-    """SASA-ResNet-{26, 38, 50, 101} from ``cfg`` (see the module docstring for the keys).
+def _sasa_resnet_from_config(cfg, input_shape: ShapeSpec) -> Dict[str, Any]:
+    """``MODEL.SASA.*`` and ``MODEL.RESNETS.*`` -> :func:`build_sasa_resnet_backbone`'s
+    arguments, checking the keys this builder owns (stage names, the stem)."""
+    return dict(
+        stem=_build_stem(cfg, input_shape),
+        attention_stages=check_stage_names("MODEL.SASA.STAGES", cfg.MODEL.SASA.STAGES),
+        attention=sasa_layer_kwargs(cfg),
+        **resnet_from_config(cfg),
+    )
 
-    Stages in ``MODEL.SASA.STAGES`` use :class:`SASABottleneckBlock`, the others Detectron2's
-    ``BottleneckBlock`` (or ``DeformBottleneckBlock`` where ``DEFORM_ON_PER_STAGE``), so the
-    paper's Table 3 mixtures are configs. Raises ``ConfigValueError`` naming the key for
-    settings an attention stage cannot take.
+
+@BACKBONE_REGISTRY.register()
+@configurable(from_config=_sasa_resnet_from_config)
+def build_sasa_resnet_backbone(
+    *, stem, attention_stages: Sequence[str], attention: Dict[str, Any], **resnet
+) -> ResNet:
+    """SASA-ResNet-{26, 38, 50, 101} (see the module docstring for the keys).
+
+    Stages in ``attention_stages`` use :class:`SASABottleneckBlock`, the others Detectron2's
+    ``BottleneckBlock`` (or ``DeformBottleneckBlock`` where ``deform_on_per_stage``), so the
+    paper's Table 3 mixtures are configs.
+
+    Args:
+        stem: the stem module (``MODEL.SASA.STEM``: Detectron2's ``BasicStem`` or
+            :class:`~aadet.layers.SpatiallyAwareAttentionStem`).
+        attention_stages: stages whose spatial convolutions are local attention.
+        attention: :class:`~aadet.layers.LocalSelfAttention2d` options (``kernel_size``,
+            ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``; the layer's
+            defaults for those not given).
+        resnet: :func:`~.resnet_stages.build_resnet`'s other arguments.
+
+    Raises:
+        ConfigValueError: naming the key, for settings an attention stage cannot take.
     """
-    check_sasa_config(cfg)
-    attention_stages = tuple(cfg.MODEL.SASA.STAGES)
-    attention = sasa_layer_kwargs(cfg)
+    attention_stages = tuple(attention_stages)
 
     def block_for_stage(stage: ResNetStage):
         if stage.name not in attention_stages:
             return None
-        _check_attention_stage(cfg, stage)
+        _check_attention_stage(stage, attention_stages, attention)
         return SASABottleneckBlock, attention
 
     return build_resnet(
-        cfg,
-        _build_stem(cfg, input_shape),
+        stem,
         block_for_stage=block_for_stage,
         blocks_per_stage=SASA_BLOCKS_PER_STAGE,
         attention_stages=attention_stages,
         builder="build_sasa_resnet_backbone",
+        **resnet,
     )
 
 

@@ -1,11 +1,12 @@
-"""RetinaNet whose head comes from a registry (``MODEL.RETINANET.HEAD_NAME``).
+"""RetinaNet whose head comes from a registry (``MODEL.RETINANET.HEAD_NAME``), and that registry.
 
 Detectron2's ``RetinaNet.from_config`` hard-codes ``RetinaNetHead``; SASA's all-attention model
 needs an attentional head, so :class:`AADetRetinaNet` builds the head named by the config from
-``RETINANET_HEAD_REGISTRY``. One more difference: the EMA of the number of positive anchors that
-normalizes the losses lives in a checkpointed buffer (Detectron2 keeps it in a plain attribute
-that restarts at 100 after ``--resume``, so a resumed run's losses differ from the uninterrupted
-run's). And optional box voting after NMS (``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`).
+:data:`RETINANET_HEAD_REGISTRY` (:func:`build_retinanet_head`). One more difference: the EMA of
+the number of positive anchors that normalizes the losses lives in a checkpointed buffer
+(Detectron2 keeps it in a plain attribute that restarts at 100 after ``--resume``, so a resumed
+run's losses differ from the uninterrupted run's). And optional box voting after NMS
+(``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`).
 Under ``torch.compile`` (``MODEL.COMPILE``) the training losses (``forward_training``) run eagerly.
 """
 import torch
@@ -13,20 +14,37 @@ from detectron2.config import configurable
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
 from detectron2.utils.events import get_event_storage
+from detectron2.utils.registry import Registry
 
-from ...config import RETINANET_HEAD_REGISTRY
+from ...config import config_error
+from ...layers.functional.checks import check_one_of
 from ...utils.d2compat import EMAUpdateHook, decode_multi_level_predictions
-from ..box_voting import VOTE_THRESH_ALLOWED, bbox_vote_thresh, is_valid_vote_thresh, nms_and_vote
+from ..box_voting import bbox_vote_thresh, check_vote_thresh, nms_and_vote
 
 __all__ = ["RETINANET_HEAD_REGISTRY", "AADetRetinaNet", "build_retinanet_head"]
 
-# The registry is aadet.config's (its check accepts exactly the registered names).
+RETINANET_HEAD_REGISTRY = Registry("RETINANET_HEAD")  # MODEL.RETINANET.HEAD_NAME
+RETINANET_HEAD_REGISTRY.__doc__ = """
+RetinaNet heads, called as ``cls(cfg, feature_shapes)`` (``@configurable`` classes), returning
+per-level ``(logits, bbox_reg)`` lists like Detectron2's ``RetinaNetHead`` (registered here, and
+in aadet/modeling/attention_head.py). :func:`build_retinanet_head` accepts exactly the registered
+names.
+"""
 RETINANET_HEAD_REGISTRY.register(RetinaNetHead)
 
 
 def build_retinanet_head(cfg, feature_shapes):
-    """The head named by ``MODEL.RETINANET.HEAD_NAME``, for the given input feature shapes."""
-    return RETINANET_HEAD_REGISTRY.get(cfg.MODEL.RETINANET.HEAD_NAME)(cfg, feature_shapes)
+    """The head named by ``MODEL.RETINANET.HEAD_NAME``, for the given input feature shapes.
+
+    Raises:
+        ConfigValueError: for a name not registered (the message lists the registered ones).
+    """
+    name = cfg.MODEL.RETINANET.HEAD_NAME
+    check_one_of(
+        name, sorted(n for n, _ in RETINANET_HEAD_REGISTRY), "MODEL.RETINANET.HEAD_NAME",
+        config_error, " (names in RETINANET_HEAD_REGISTRY)",
+    )
+    return RETINANET_HEAD_REGISTRY.get(name)(cfg, feature_shapes)
 
 
 @META_ARCH_REGISTRY.register()
@@ -38,15 +56,12 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
     def __init__(self, *, bbox_vote_thresh: float = 0.0, **kwargs):
         """
         Args:
-            bbox_vote_thresh: 0 (off) or the IoU in (0, 1] of box voting after NMS
+            bbox_vote_thresh: 0 (off) or the IoU (``VOTE_THRESH_RANGE``) of box voting after NMS
                 (:func:`~aadet.modeling.box_voting.box_voting`).
             kwargs: Detectron2's ``RetinaNet`` arguments.
         """
         super().__init__(**kwargs)
-        if bbox_vote_thresh != 0 and not is_valid_vote_thresh(bbox_vote_thresh):
-            raise ValueError(
-                f"bbox_vote_thresh must be 0 (off) or {VOTE_THRESH_ALLOWED}; got {bbox_vote_thresh!r}"
-            )
+        check_vote_thresh(bbox_vote_thresh, "bbox_vote_thresh")
         self.bbox_vote_thresh = float(bbox_vote_thresh)
         # EMA of the positive-anchor count; < 0 = not started (Detectron2 then starts at 100).
         self.register_buffer("loss_normalizer_ema", torch.tensor(-1.0, dtype=torch.float64))
@@ -92,7 +107,11 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
 
     @classmethod
     def from_config(cls, cfg):
-        ret = super().from_config(cfg)  # builds Detectron2's head, replaced below if another is named
+        # Detectron2's from_config builds the backbone and its RetinaNetHead; another head is
+        # built after it and replaces it. (Building only the named head would draw other random
+        # numbers for every parameter initialised after the backbone: the attention-head models'
+        # trained results would change.)
+        ret = super().from_config(cfg)
         ret["bbox_vote_thresh"] = bbox_vote_thresh(cfg)
         if cfg.MODEL.RETINANET.HEAD_NAME != "RetinaNetHead":
             shapes = ret["backbone"].output_shape()

@@ -38,7 +38,8 @@ from .sasa_channels_first import apply_channels_first, relative_gradients, relat
 
 __all__ = ["MAX_KERNEL_SIZE", "KERNEL", "available", "build", "build_error", "cpp_local_attention"]
 
-#: The largest window side the kernel is compiled for (odd sizes 1..15).
+#: The largest window side the kernel is compiled for (every odd size up to it: the dispatch
+#: switch of csrc/sasa_cpu.cpp instantiates each, and checks the same bound).
 MAX_KERNEL_SIZE = 15
 #: The kernel (built on first use: :mod:`.cpu_kernels`).
 KERNEL = KERNELS["sasa"]

@@ -1,0 +1,290 @@
+"""The benchmark tools (``tools/benchmark.py``, ``tools/benchmark_layers.py``) and their shared code
+(``aadet_tools.timing``, ``aadet_tools.report``): ratios to a reference (exact numbers, missing
+sections, zero references), markdown, JSON, exit status, the AMP dtype choice, timing and peak
+memory, each tool's ratios and table on hand-made results, and tiny runs of both."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aadet_tools import timing
+from aadet_tools.report import (
+    MISSING,
+    fmt,
+    index_results,
+    markdown_table,
+    mib,
+    ratio,
+    ratios,
+    write_report,
+)
+from aadet_tools.timing import (
+    AMP_DTYPES,
+    autocast,
+    check_amp_dtype,
+    default_amp_dtype,
+    needs_grad_scaler,
+    time_fn,
+    worker_main,
+)
+
+from tests.helpers import REPO, TOOLS, load_tool
+
+
+# ----------------------------------------------------------------------------- report.py
+def test_ratio_and_ratios():
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None and ratio(1.0, None) is None and ratio(1.0, 0) is None
+    r = {"train": {"median_s": 0.3, "peak_bytes": 0}, "inference": {"median_s": 0.02}}
+    b = {"train": {"median_s": 0.2, "peak_bytes": 0}}  # no inference section
+    metrics = {"t": "train.median_s", "m": "train.peak_bytes", "i": "inference.median_s"}
+    assert ratios(r, b, metrics) == {"t": pytest.approx(1.5), "m": None}  # "i" left out
+    assert ratios(r, r, metrics) == {"t": 1.0, "m": None, "i": 1.0}
+
+
+def test_index_results_skips_failures_and_refuses_duplicates():
+    results = [{"k": 1, "v": 1}, {"k": 2, "error": "x"}, {"k": 3, "skipped": "y"}, {"k": 4}]
+    assert list(index_results(results, key=lambda r: r["k"])) == [1, 4]
+    with pytest.raises(ValueError, match="share the key 1"):
+        index_results([{"k": 1}, {"k": 1}], key=lambda r: r["k"])
+
+
+def test_formatting_helpers():
+    assert fmt(None, ".2f") == MISSING and fmt(0.01234, ".1f", 1e3) == "12.3"
+    assert mib(3 * 2**20) == 3.0 and mib(None) is None
+    assert markdown_table(["a", "b", "c"], [[1, "x", 2.5]], align="lrl") == (
+        "| a | b | c |\n|:---|---:|:---|\n| 1 | x | 2.5 |\n"
+    )
+    with pytest.raises(ValueError, match="one of 'l'/'r' per column"):
+        markdown_table(["a"], [[1]], align="c")
+    with pytest.raises(ValueError, match="2 columns"):
+        markdown_table(["a", "b"], [[1]])
+    # one home: the report helpers live in report.py only
+    assert not hasattr(timing, "markdown_table") and not hasattr(timing, "write_json")
+
+
+def test_write_report(tmp_path, capsys):
+    rep = {"results": [{"x": 1}]}
+    assert write_report(rep, "| md |\n", str(tmp_path / "a" / "r.json"), str(tmp_path / "r.md")) == 0
+    assert json.loads((tmp_path / "a" / "r.json").read_text()) == rep
+    assert (tmp_path / "r.md").read_text() == "| md |\n" and capsys.readouterr().out == ""
+    assert write_report({"results": [{"x": 1}, {"error": "boom"}]}, "table\n") == 1
+    assert capsys.readouterr().out == "table\n"
+    assert not list(tmp_path.glob("**/*.tmp"))
+
+
+# ----------------------------------------------------------------------------- timing helpers
+def test_time_fn_and_peak_memory():
+    calls = []
+    t = time_fn(lambda: calls.append(1), warmup=2, iters=3)
+    assert len(calls) == 5 and t["iters"] == 3 and t["median_s"] >= 0 and len(t["times_s"]) == 3
+    # In a fresh process: in a long pytest run the resident set can shrink inside the phase
+    # (freed heap, reclaimed file pages) and hide part of the allocation.
+    code = (
+        "import json, torch\n"
+        "from aadet_tools.timing import PeakMemory\n"
+        "with PeakMemory('cpu') as mem:\n"
+        "    x = torch.ones(128 * 2**20 // 4)  # 128 MiB, touched\n"
+        "    del x\n"
+        "print(json.dumps([mem.exact, mem.peak_bytes]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TOOLS])))
+    assert p.returncode == 0, p.stderr[-2000:]
+    exact, peak = json.loads(p.stdout.strip().splitlines()[-1])
+    assert peak >= 96 * 2**20 if exact else peak >= 0, (exact, peak)
+    with pytest.raises(ValueError, match="iters >= 1"):
+        time_fn(lambda: None, warmup=0, iters=0)
+
+
+# ----------------------------------------------------------------------------- AMP settings
+def test_amp_dtype_choice():
+    assert sorted(AMP_DTYPES) == ["bfloat16", "float16"]
+    assert default_amp_dtype("cpu") == "bfloat16" and default_amp_dtype("cuda") == "float16"
+    assert check_amp_dtype(None, "cpu") == "bfloat16" and check_amp_dtype("float16", "cpu") == "float16"
+    with pytest.raises(ValueError, match=r"--amp-dtype must be one of \['bfloat16', 'float16'\]"):
+        check_amp_dtype("fp8", "cpu")
+    assert needs_grad_scaler("cuda", "float16") and not needs_grad_scaler("cuda", "bfloat16")
+    assert not needs_grad_scaler("cpu", "float16") and not needs_grad_scaler("cuda", "float16", False)
+
+
+@pytest.mark.parametrize("name", sorted(AMP_DTYPES))
+def test_autocast_uses_the_chosen_dtype(name):
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with autocast("cpu", name):
+        assert (a @ b).dtype == AMP_DTYPES[name]
+    with autocast("cpu", name, enabled=False):
+        assert (a @ b).dtype == torch.float32
+
+
+def test_worker_main_reports_cuda_oom_as_a_result(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"n": 2}))
+    assert worker_main(str(spec), lambda s: {"twice": 2 * s["n"]}) == 0
+    assert json.loads(capsys.readouterr().out) == {"twice": 4}
+
+    def oom(_):
+        raise torch.cuda.OutOfMemoryError("tried to allocate 80 GiB")
+
+    assert worker_main(str(spec), oom) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"error": "CUDA out of memory: tried to allocate 80 GiB"}
+    with pytest.raises(KeyError):  # other failures fail the worker (the stderr reaches the table)
+        worker_main(str(spec), lambda s: s["missing"])
+
+
+# ----------------------------------------------------------------------------- the two tools
+def _timed(median, cpu, peak, **extra):
+    return dict(median_s=median, cpu_median_s=cpu, peak_bytes=peak, **extra)
+
+
+def test_benchmark_ratios_and_table():
+    benchmark = load_tool("benchmark")
+
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    base, aa = "configs/base.yaml", "configs/aa.yaml"
+    results = [
+        {"config": base, "amp": False, "params": 2e6, "env": env,
+         "train": _timed(0.5, 0.4, 100 * 2**20, images_per_s=4.0),
+         "inference": _timed(0.1, 0.08, 10 * 2**20, per_image_s=0.05)},
+        {"config": aa, "amp": False, "params": 3e6, "env": env,
+         "train": _timed(1.0, 1.0, 150 * 2**20, images_per_s=2.0),
+         "inference": _timed(0.3, 0.2, 0, per_image_s=0.15)},
+        {"config": base, "amp": True, "amp_dtype": "bfloat16", "params": 2e6, "env": env,
+         "train": _timed(0.25, 0.2, 50 * 2**20, images_per_s=8.0)},  # inference skipped
+        {"config": aa, "amp": True, "amp_dtype": "bfloat16", "error": "CUDA out of memory"},
+    ]  # fmt: skip
+    benchmark.add_ratios(results, base)
+    assert results[0]["ratios"] == {k: 1.0 for k in benchmark.RATIO_METRICS}
+    assert results[1]["ratios"] == pytest.approx(
+        {"train_time": 2.0, "train_cpu_time": 2.5, "images_per_s": 0.5, "train_peak_mem": 1.5,
+         "inference_time": 3.0, "inference_cpu_time": 2.5, "inference_peak_mem": 0.0})  # fmt: skip
+    assert set(results[2]["ratios"]) == {"train_time", "train_cpu_time", "images_per_s",
+                                         "train_peak_mem"}  # fmt: skip
+    assert "ratios" not in results[3]
+    rep = {"device": "cpu", "size": [128, 160], "batch": 2, "warmup": 1, "iters": 3,
+           "amp_dtype": "bfloat16", "baseline": base, "env": env, "results": results}  # fmt: skip
+    md = benchmark.render_markdown(rep)
+    head, table = md.split("\n\n")
+    assert head.startswith("Device: Test CPU (cpu)") and "AMP autocasts to bfloat16" in head
+    assert "Input 128x160, batch 2, median of 3" in head and "baseline `base`" in head
+    lines = table.splitlines()
+    assert len(lines) == 2 + 4
+    assert lines[3] == ("| `aa` | off | 3.00 | 1000.0 | 2.00 | 1000.0 | 2.50 | 2.00 | 150 | 1.50 "
+                        "| 300.0 | 3.00 | 0 | 0.00 | 200.0 | 2.50 |")  # fmt: skip
+    assert lines[4].startswith("| `base` | bfloat16 | 2.00 | 250.0 | 1.00 | 200.0 | 1.00 |")
+    assert lines[4].endswith(f"| {MISSING} | {MISSING} | {MISSING} | {MISSING} | {MISSING} | {MISSING} |")
+    assert lines[5].startswith("| `aa` | bfloat16 | error: CUDA out of memory |")
+
+
+def test_benchmark_layers_ratios():
+    benchmark_layers = load_tool("benchmark_layers")
+
+    def case(impl, median, cpu, peak, suite="sasa"):
+        return dict(suite=suite, kind="layer", impl=impl, side=20, channels=256,
+                    **_timed(median, cpu, peak))  # fmt: skip
+
+    results = [case("neighborhood", 2.0, 1.0, 30), case("unfold", 8.0, 4.0, 60),
+               case("conv3x3", 1.0, 0.0, 10),
+               dict(suite="aa", kind="core", impl="naive", side=80, channels=128, skipped="big")]
+    benchmark_layers.add_ratios(results)
+    assert results[0]["ratios"] == {
+        "conv3x3": {"time": 2.0, "cpu_time": None, "peak_mem": 3.0},  # zero CPU time: no ratio
+        "unfold": {"time": 0.25, "cpu_time": 0.25, "peak_mem": 0.5},
+    }
+    assert results[2]["ratios"]["conv3x3"] == {"time": 1.0, "cpu_time": None, "peak_mem": 1.0}
+    assert "ratios" not in results[3]
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    md = benchmark_layers.render_markdown(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
+                                               reference_check={"sasa": 1e-12}, results=results))
+    assert md.startswith("Device: Test CPU (cpu)") and "reference check" in md.lower() and "sasa 1.0e-12" in md
+    assert ("| 20x20, C=256 | LocalSelfAttention2d, ours (neighborhood) | 2000.0 | 1000.0 | 2.00 | 0.25 | 0 "
+            "| 3.00 | 0.50 |") in md
+    assert "| 80x80, C=128 | core, naive (full logits + rel_to_abs) | big |" in md
+
+
+@pytest.mark.parametrize("tool", ["benchmark", "benchmark_layers"])
+def test_tools_take_amp_dtype(tool, capsys):
+    """``--amp-dtype`` offers exactly the allowed values; a bad one is refused by name."""
+    parser = load_tool(tool).build_parser()
+    assert "--amp-dtype {bfloat16,float16}" in parser.format_help()
+    assert parser.parse_args(["--amp-dtype", "bfloat16"]).amp_dtype == "bfloat16"
+    assert parser.parse_args([]).amp_dtype is None  # resolved per device: default_amp_dtype
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--amp-dtype", "fp8"])
+    assert "--amp-dtype: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_tools_refuse_repeated_cases_before_running():
+    """A repeated config / size would give two results under one key: refused up front, not
+    after the measurements."""
+    benchmark, benchmark_layers = load_tool("benchmark"), load_tool("benchmark_layers")
+
+    config = os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml")
+    with pytest.raises(SystemExit, match="lists .*trees_R_26_slim_FPN.yaml.* more than once"):
+        benchmark.main(["--configs", config, config])
+    with pytest.raises(SystemExit, match=r"--sizes lists a size more than once: \[20, 20\]"):
+        benchmark_layers.main(["--sizes", "20", "20"])
+
+
+# ----------------------------------------------------------------------------- tiny runs
+def test_layer_benchmark_naive_references_agree_with_ours():
+    tool = load_tool("benchmark_layers")
+    with torch.no_grad():
+        ref = tool.check_references()
+    assert max(ref.values()) < 1e-9, ref
+
+
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
+def test_layer_benchmark_case_runs(impl):
+    tool = load_tool("benchmark_layers")
+    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0)} == {
+        "neighborhood", "fused", "cpp", "unfold", "conv3x3"}
+    assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0, cuda=True)} == {
+        "neighborhood", "fused", "triton", "unfold", "conv3x3"}
+    aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
+    assert {"triton", "flex"} <= aa_core
+    case = dict(suite="sasa", kind="layer", impl=impl, side=20, channels=256)
+    spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
+    r = tool.run_case(spec)
+    assert r["median_s"] > 0 and r["peak_bytes"] >= 0
+
+
+@pytest.mark.slow  # a subprocess building and timing a demo model
+def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "tools", "benchmark.py"),
+        "--configs",
+        os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"),
+        "--device",
+        "cpu",
+        "--size",
+        "128",
+        "--batch",
+        "1",
+        "--warmup",
+        "1",
+        "--iters",
+        "2",
+        "--output-json",
+        str(out_json),
+        "--output-md",
+        str(out_md),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out_json.read_text())
+    (r,) = report["results"]
+    assert "error" not in r, r.get("detail")
+    assert report["size"] == [128, 128] and report["batch"] == 1
+    assert r["train"]["median_s"] > 0 and r["train"]["images_per_s"] > 0
+    assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
+    assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
+    assert "| `trees_R_26_slim_FPN` |" in out_md.read_text()

@@ -1,0 +1,74 @@
+"""``tools/aadet_tools/cpu_report.py`` (``tools/benchmark_cpu.py``'s report) on synthetic benchmark
+outputs with known ratios: every CPU target gets a verdict from its own run's baseline, misses say
+by how much, and runs from different CPUs or thread counts are refused."""
+import pytest
+
+from aadet_tools.cpu_report import CPU_RUNS, CPU_TARGETS, benchmarks_cpu, render_cpu_markdown
+
+MIB = 2**20
+ENV = {"device_name": "Some Xeon", "torch": "2.14.1", "torch_threads": 1}
+
+
+def _configs(run):
+    args = CPU_RUNS[run][1]
+    return [a for a in args[args.index("--configs") + 1:] if a.endswith(".yaml")]
+
+
+def _model_report(run, times):
+    configs = _configs(run)
+    results = [dict(config=c, amp=False, env=ENV, train={"median_s": t, "peak_bytes": 100 * MIB})
+               for c, t in zip(configs, times)]
+    return dict(device="cpu", size=[400, 400], batch=2, iters=5, baseline=configs[0], env=ENV,
+                results=results)
+
+
+def _layer_report(ms_mib):
+    rows = [dict(suite="sasa", kind="layer", impl=impl, side=side, channels=256, median_s=t / 1e3,
+                 peak_bytes=int(m * MIB))
+            for (impl, side), (t, m) in ms_mib.items()]
+    return dict(device="cpu", batch=1, iters=5, amp=False, env=ENV, results=rows)
+
+
+def _reports(**env):
+    layers = _layer_report({("conv3x3", 80): (150, 60), ("cpp", 80): (140, 150), ("neighborhood", 80): (300, 160),
+                            ("conv3x3", 40): (40, 24), ("cpp", 40): (36, 44)})
+    reports = {"layers": layers, "demo": _model_report("demo", [1.0, 1.2, 1.35, 2.0]),
+               "coco": _model_report("coco", [1.0, 1.04, 1.2, 1.3])}
+    for k, v in env.items():
+        reports["coco"]["env"] = dict(ENV, **{k: v})
+    return reports
+
+
+def test_every_target_gets_its_verdict_from_its_own_run():
+    bench = benchmarks_cpu(_reports(), {"layers": "python tools/benchmark_layers.py ..."})
+    verdicts = {v["target"]: v for v in bench["targets"]}
+    assert set(verdicts) == {t.name for t in CPU_TARGETS}
+    expect = {
+        "SASA layer 80x80 fwd+bwd time vs 3x3 conv": ("pass", 140 / 150),
+        "SASA layer 80x80 fwd+bwd memory vs 3x3 conv": ("miss", 2.5),
+        "SASA layer 40x40 fwd+bwd time vs 3x3 conv": ("pass", 0.9),
+        "SASA layer 40x40 fwd+bwd memory vs 3x3 conv": ("pass", 44 / 24),
+        "demo AA vs conv demo, training step": ("pass", 1.2),
+        "demo SASA backbone vs conv demo, training step": ("miss", 1.35),
+        "demo all attention vs conv demo, training step": ("pass", 2.0),  # <= is inclusive
+        "COCO AA-R50 at 256 px vs conv R50, training step": ("pass", 1.04),
+        "COCO SASA backbone R50 at 256 px vs conv R50, training step": ("miss", 1.2),
+        "COCO SASA all attention at 256 px vs conv R50, training step": ("pass", 1.3),
+    }
+    for name, (status, value) in expect.items():
+        v = verdicts[name]
+        assert v["value"] == pytest.approx(value), name
+        assert v["status"] == status, (name, v)
+    # the neighborhood route is measured but has no target of its own
+    assert {r["layer"] for r in bench["layers"]} >= {"sasa_neighborhood_80", "sasa_cpp_80"}
+    table = render_cpu_markdown(bench)
+    assert "Some Xeon" in table and "**miss** by 0.05 (+4%)" in table  # demo SASA: 1.35 vs 1.30
+
+
+def test_runs_from_different_cpus_or_threads_are_refused():
+    with pytest.raises(ValueError, match="device_name"):
+        benchmarks_cpu(_reports(device_name="Another CPU"), {})
+    with pytest.raises(ValueError, match="torch_threads"):
+        benchmarks_cpu(_reports(torch_threads=2), {})
+    with pytest.raises(ValueError, match="missing"):
+        benchmarks_cpu({"layers": _reports()["layers"]}, {})

@@ -1,0 +1,315 @@
+"""Timing, peak-memory measurement, AMP settings and worker processes shared by
+``tools/benchmark.py`` and ``tools/benchmark_layers.py`` (their report -- ratios, markdown, JSON --
+is :mod:`aadet_tools.report`).
+
+Timing (:func:`time_fn`): ``warmup`` untimed calls, then ``iters`` timed calls, each bracketed by
+a device synchronization (``torch.cuda.synchronize`` on CUDA), summarised by the median (robust
+to the odd slow iteration) and the 25/75 % quantiles. Besides wall-clock time, the process CPU
+time of each call is recorded: on a CPU shared with other jobs it is far less sensitive to the
+scheduler than wall time (with ``OMP_NUM_THREADS=1`` it *is* the compute time of the call).
+
+AMP (:func:`autocast`): ``--amp-dtype`` of both tools, one of :data:`AMP_DTYPES`; by default
+float16 on CUDA (with a GradScaler, like Detectron2's AMPTrainer) and bfloat16 on CPU
+(:func:`default_amp_dtype`). bfloat16 has float32's exponent range, so it needs no loss scaling
+(:func:`needs_grad_scaler`).
+
+Peak memory (:class:`PeakMemory`), what "peak" means on each device:
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` -- the most bytes
+  held by tensors during the block, relative to what was allocated at its start (the caching
+  allocator's reserve is not counted).
+* CPU: the process' resident-set high-water mark (``VmHWM``), reset at the start of the block
+  by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0), minus the resident set at the
+  start. PyTorch's CPU allocator hands large tensors back to the OS when freed, so this is close
+  to the tensor memory the block needed at its peak (plus allocator and library scratch). Where
+  ``clear_refs`` is unavailable, ``ru_maxrss`` (never reset) is used and ``exact`` is False.
+  Run cases in a fresh process (:func:`run_worker`) so that one case's heap does not hide
+  another's.
+"""
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .run_summary import cpu_model
+
+__all__ = [
+    "AMP_DTYPES",
+    "default_amp_dtype",
+    "check_amp_dtype",
+    "needs_grad_scaler",
+    "autocast",
+    "TimingResult",
+    "synchronize",
+    "time_fn",
+    "PeakMemory",
+    "peak_memory_meaning",
+    "measure",
+    "environment_info",
+    "run_worker",
+    "run_case_in_subprocess",
+    "worker_main",
+]
+
+#: ``--amp-dtype`` values and their autocast dtypes.
+AMP_DTYPES: Dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def default_amp_dtype(device) -> str:
+    """``"float16"`` on CUDA (tensor cores, Detectron2's AMP), ``"bfloat16"`` elsewhere (CPU
+    autocast's native type)."""
+    return "float16" if torch.device(device).type == "cuda" else "bfloat16"
+
+
+def check_amp_dtype(name: Optional[str], device) -> str:
+    """``name`` if it is one of :data:`AMP_DTYPES`, :func:`default_amp_dtype` for None.
+
+    Raises:
+        ValueError: naming ``--amp-dtype`` and the allowed values.
+    """
+    if name is None:
+        return default_amp_dtype(device)
+    if name not in AMP_DTYPES:
+        raise ValueError(f"--amp-dtype must be one of {sorted(AMP_DTYPES)}, got {name!r}")
+    return name
+
+
+def needs_grad_scaler(device, amp_dtype: str, enabled: bool = True) -> bool:
+    """Loss scaling is needed for float16 on CUDA only (bfloat16 has float32's range)."""
+    return enabled and torch.device(device).type == "cuda" and amp_dtype == "float16"
+
+
+def autocast(device, amp_dtype: str, enabled: bool = True) -> torch.autocast:
+    """``torch.autocast`` on ``device``'s type with :data:`AMP_DTYPES` ``[amp_dtype]``."""
+    dtype = AMP_DTYPES[check_amp_dtype(amp_dtype, device)]
+    return torch.autocast(torch.device(device).type, dtype=dtype, enabled=enabled)
+
+
+def synchronize(device) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class TimingResult(dict):
+    """``{"median_s", "p25_s", "p75_s", "min_s", "cpu_median_s", "iters", "warmup", "times_s"}``."""
+
+    @property
+    def median(self) -> float:
+        return self["median_s"]
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") -> TimingResult:
+    """Median time of ``fn()`` over ``iters`` calls after ``warmup`` untimed calls.
+
+    Args:
+        fn: the work of one iteration (e.g. forward + backward + optimizer step).
+        warmup: untimed calls first (allocator, cuDNN autotuning, lazy init); >= 0.
+        iters: timed calls; >= 1.
+        device: synchronized before and after every timed call.
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(
+            f"time_fn needs iters >= 1 and warmup >= 0; got iters={iters}, warmup={warmup}"
+        )
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    wall: List[float] = []
+    cpu: List[float] = []
+    for _ in range(iters):
+        synchronize(device)
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        synchronize(device)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return TimingResult(
+        median_s=statistics.median(wall),
+        p25_s=_quantile(wall, 0.25),
+        p75_s=_quantile(wall, 0.75),
+        min_s=min(wall),
+        cpu_median_s=statistics.median(cpu),
+        iters=iters,
+        warmup=warmup,
+        times_s=wall,
+    )
+
+
+def _proc_status_kb(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Context manager measuring the peak memory of its block (see the module docstring).
+
+    After the block: ``peak_bytes`` (peak above the start), ``peak_abs_bytes`` (the peak itself:
+    all CUDA tensor memory, or the whole process' resident set), ``device`` and ``exact`` (False
+    on CPU when the high-water mark could not be reset, i.e. the peak may predate the block)::
+
+        with PeakMemory("cuda") as mem:
+            step()
+        print(mem.peak_bytes)
+    """
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.peak_bytes: Optional[int] = None
+        self.peak_abs_bytes: Optional[int] = None
+        self.exact = True
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            self.exact = _reset_rss_peak()
+            rss = _proc_status_kb("VmRSS")
+            self._start = (rss or 0) * 1024
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            self.peak_abs_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.peak_bytes = self.peak_abs_bytes - self._start
+        else:
+            hwm = _proc_status_kb("VmHWM") if self.exact else None
+            if hwm is None:  # ru_maxrss: KiB on Linux, never reset
+                self.exact = False
+                hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self.peak_abs_bytes = hwm * 1024
+            self.peak_bytes = max(0, self.peak_abs_bytes - self._start)
+        return False
+
+
+def peak_memory_meaning(device) -> str:
+    """What :class:`PeakMemory`'s ``peak_bytes`` is on ``device``, for report headers."""
+    if torch.device(device).type == "cuda":
+        return "CUDA max allocated above the state before the phase"
+    return "process RSS high-water mark above the state before the phase"
+
+
+def measure(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") -> dict:
+    """:func:`time_fn` inside :class:`PeakMemory`: the timing keys plus ``peak_bytes``,
+    ``peak_abs_bytes`` and ``peak_exact`` (the keys of every benchmark result)."""
+    with PeakMemory(device) as mem:
+        t = time_fn(fn, warmup=warmup, iters=iters, device=device)
+    return dict(
+        t, peak_bytes=mem.peak_bytes, peak_abs_bytes=mem.peak_abs_bytes, peak_exact=mem.exact
+    )
+
+
+def environment_info(device="cpu") -> Dict[str, object]:
+    """Device name, torch version, threads and cores: what a timing is only valid for."""
+    device = torch.device(device)
+    info = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    return info
+
+
+def run_worker(argv: Sequence[str], timeout: Optional[float] = None) -> dict:
+    """Run ``python argv...`` in a fresh process; its last stdout line must be one JSON object.
+
+    Raises:
+        RuntimeError: with the worker's stderr tail when it fails or prints no JSON.
+    """
+    cmd = [sys.executable, *argv]
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout
+    )
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"benchmark worker failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+            f"--- stderr (last 3000 chars) ---\n{proc.stderr[-3000:]}"
+        )
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise RuntimeError(
+            f"benchmark worker printed no JSON as its last line: {lines[-1][:300]!r}"
+        ) from e
+
+
+def run_case_in_subprocess(
+    script: str, spec: dict, tmpdir: str, timeout: Optional[float] = None
+) -> dict:
+    """Run ``python script --worker SPEC.json`` (one benchmark case) in a fresh process.
+
+    The script's worker mode reads the JSON spec and prints its result as one JSON line. A
+    failing case does not stop the run: its result is ``{**spec-identity, "error": <the
+    exception line>, "detail": <stderr tail>}``.
+    """
+    fd, spec_file = tempfile.mkstemp(suffix=".json", dir=tmpdir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(spec, f)
+    try:
+        return run_worker([os.path.abspath(script), "--worker", spec_file], timeout=timeout)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        return {
+            "spec": spec,
+            "error": (lines[-1] if lines else repr(e))[:300],
+            "detail": str(e)[-3000:],
+        }
+    finally:
+        os.remove(spec_file)
+
+
+def worker_main(spec_file: str, run_case: Callable[[dict], dict]) -> int:
+    """The ``--worker SPEC.json`` mode of a benchmark tool: print ``run_case(spec)`` as one JSON
+    line. CUDA out of memory is a result (``{"error": ...}``), so the table shows it and the run
+    goes on; any other exception fails the worker (its stderr reaches the report's ``detail``)."""
+    with open(spec_file) as f:
+        spec = json.load(f)
+    try:
+        out = run_case(spec)
+    except torch.cuda.OutOfMemoryError as e:
+        out = {"error": f"CUDA out of memory: {e}"[:500]}
+    print(json.dumps(out))
+    return 0
