@@ -23,8 +23,8 @@ size for TorchScript files too. Export once per input size.
 
 Attention layers trace with plain tensor ops: ``impl="auto"`` picks an exporting route while
 tracing or exporting (no custom ``autograd.Function``, no SDPA, halo windows gathered with
-``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL`` and
-``MODEL.SASA.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
+``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL``,
+``MODEL.SASA.IMPL`` and ``MODEL.HALO.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
 (:func:`check_exportable`). The export is PyTorch's
 TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
 """
@@ -43,6 +43,7 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNet
 
 from ..config import config_error
 from ..layers.functional.checks import check_one_of
+from ..layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
 from ..layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
 from ..modeling.box_voting import bbox_vote_thresh
@@ -69,7 +70,11 @@ ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
 #: The config keys naming an attention route, and the registry of each.
-IMPL_KEYS = {"MODEL.AA.IMPL": LOGIT_TABLE_BACKENDS, "MODEL.SASA.IMPL": LOCAL_ATTENTION_BACKENDS}
+IMPL_KEYS = {
+    "MODEL.AA.IMPL": LOGIT_TABLE_BACKENDS,
+    "MODEL.SASA.IMPL": LOCAL_ATTENTION_BACKENDS,
+    "MODEL.HALO.IMPL": HALO_ATTENTION_BACKENDS,
+}
 
 
 def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
