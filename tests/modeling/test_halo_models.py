@@ -142,6 +142,14 @@ def test_backbone_config_errors_name_the_key(setup, match):
         build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
 
 
+def test_every_layer_option_has_its_key():
+    from aadet.layers.halo_attention import HALO_ATTENTION_OPTIONS
+    from aadet.modeling.attention_layers import halo_layer_kwargs
+
+    assert set(halo_layer_kwargs(small_cfg())) == set(HALO_ATTENTION_OPTIONS) == {
+        "block_size", "halo_size", "num_heads", "positional_encoding", "impl"}
+
+
 def test_odd_block_size_is_fine_without_strided_attention_stages():
     cfg = small_cfg(STAGES=("res2",), BLOCK_SIZE=5)
     net = build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
