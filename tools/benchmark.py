@@ -32,9 +32,9 @@ another's peak. AMP: autocast to ``--amp-dtype`` (default float16 with a GradSca
 Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler). On CPU the
 process CPU time per iteration is recorded next to wall time: on a shared machine it is the
 steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Writes JSON
-(``--output-json``) and a markdown table (``--output-md``, or stdout); timing and report helpers:
-``tools/aadet_tools/timing.py`` and ``tools/aadet_tools/report.py``, shared with
-``tools/benchmark_layers.py``.
+(``--output-json``) and a markdown table (``--output-md``, or stdout; rendered by
+``tools/aadet_tools/benchmark_tables.py``); timing and report helpers: ``tools/aadet_tools/timing.py``
+and ``tools/aadet_tools/report.py``, shared with ``tools/benchmark_layers.py``.
 """
 
 import argparse
@@ -49,12 +49,9 @@ warnings.filterwarnings(
 
 import torch  # noqa: E402
 
+from aadet_tools.benchmark_tables import render_model_table  # noqa: E402
 from aadet_tools.report import (  # noqa: E402
-    fmt,
-    header_line,
     index_results,
-    markdown_table,
-    mib,
     ratios,
     write_report,
 )
@@ -64,7 +61,6 @@ from aadet_tools.timing import (  # noqa: E402
     check_amp_dtype,
     environment_info,
     measure,
-    peak_memory_meaning,
     run_case_in_subprocess,
     worker_main,
 )
@@ -203,73 +199,6 @@ def add_ratios(results, baseline: str):
     return results
 
 
-def _amp_cell(r) -> str:
-    return r.get("amp_dtype", "on") if r["amp"] else "off"
-
-
-def render_markdown(report: dict) -> str:
-    """The results as a markdown table (times in ms, memory in MiB, ratios to the baseline)."""
-    cpu = report["device"].startswith("cpu")
-    headers = [
-        "Config",
-        "AMP",
-        "Params (M)",
-        "Train ms/iter",
-        "× base",
-        "img/s",
-        "Train peak MiB",
-        "× base",
-        "Infer ms/batch",
-        "× base",
-        "Infer peak MiB",
-        "× base",
-    ]
-    if cpu:  # process CPU time: steadier than wall time on a shared machine
-        headers[5:5] = ["Train CPU ms", "× base"]
-        headers += ["Infer CPU ms", "× base"]
-    rows = []
-    for r in report["results"]:
-        name = os.path.splitext(os.path.basename(r["config"]))[0]
-        if "error" in r:
-            rows.append(
-                [f"`{name}`", _amp_cell(r), "error: " + r["error"][:80]]
-                + [""] * (len(headers) - 3)
-            )
-            continue
-        tr, inf, rt = r.get("train", {}), r.get("inference", {}), r.get("ratios", {})
-        row = [
-            f"`{name}`",
-            _amp_cell(r),
-            fmt(r["params"], ".2f", 1e-6),
-            fmt(tr.get("median_s"), ".1f", 1e3),
-            fmt(rt.get("train_time"), ".2f"),
-            fmt(tr.get("images_per_s"), ".2f"),
-            fmt(mib(tr.get("peak_bytes")), ".0f"),
-            fmt(rt.get("train_peak_mem"), ".2f"),
-            fmt(inf.get("median_s"), ".1f", 1e3),
-            fmt(rt.get("inference_time"), ".2f"),
-            fmt(mib(inf.get("peak_bytes")), ".0f"),
-            fmt(rt.get("inference_peak_mem"), ".2f"),
-        ]
-        if cpu:
-            row[5:5] = [
-                fmt(tr.get("cpu_median_s"), ".1f", 1e3),
-                fmt(rt.get("train_cpu_time"), ".2f"),
-            ]
-            row += [
-                fmt(inf.get("cpu_median_s"), ".1f", 1e3),
-                fmt(rt.get("inference_cpu_time"), ".2f"),
-            ]
-        rows.append(row)
-    head = (
-        header_line(report, peak_memory_meaning(report["device"]))
-        + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, median of "
-        f"{report['iters']} iterations after {report['warmup']} warm-up; baseline "
-        f"`{os.path.splitext(os.path.basename(report['baseline']))[0]}`.\n\n"
-    )
-    return head + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
-
-
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
@@ -347,7 +276,7 @@ def main(argv=None) -> int:
         "env": environment_info(device),
         "results": results,
     }
-    return write_report(report, render_markdown(report), args.output_json, args.output_md)
+    return write_report(report, render_model_table(report), args.output_json, args.output_md)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 
 Forward + backward time (median after warm-up) and peak memory, every case in a fresh process
 (timing, memory and AMP helpers: ``tools/aadet_tools/timing.py``; ratios, markdown and JSON:
-``tools/aadet_tools/report.py``; both shared with ``tools/benchmark.py``), at the res3 / res4 / res5
+``tools/aadet_tools/report.py``; both shared with ``tools/benchmark.py``; the tables:
+``tools/aadet_tools/benchmark_tables.py``), at the res3 / res4 / res5
 map sizes of a 640x640 image (80, 40, 20). ``--amp`` autocasts to ``--amp-dtype`` (default
 float16 on CUDA, bfloat16 on CPU):
 
@@ -49,12 +50,9 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 import torch  # noqa: E402
 
+from aadet_tools.benchmark_tables import render_layer_tables  # noqa: E402
 from aadet_tools.report import (  # noqa: E402
-    fmt,
-    header_line,
     index_results,
-    markdown_table,
-    mib,
     ratios,
     write_report,
 )
@@ -64,7 +62,6 @@ from aadet_tools.timing import (  # noqa: E402
     check_amp_dtype,
     environment_info,
     measure,
-    peak_memory_meaning,
     run_case_in_subprocess,
     worker_main,
 )
@@ -235,27 +232,6 @@ def run_case(spec):
 
 
 # ----------------------------------------------------------------------------- report
-_LABELS = {
-    ("aa", "core", "auto"): "core, ours (auto: fused SDPA on CUDA)",
-    ("aa", "core", "cpp"): "core, ours (C++ kernel, tables in-kernel)",
-    ("aa", "core", "fused"): "core, ours (fused SDPA, heads widened by H + W)",
-    ("aa", "core", "materialized"): "core, ours (materialized, chunk 1024)",
-    ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
-    ("aa", "core", "triton"): "core, ours (Triton, tables in-kernel)",
-    ("aa", "core", "flex"): "core, flex_attention (tables in score_mod)",
-    ("aa", "layer", "auto"): "AugmentedConv2d, ours",
-    ("aa", "layer", "cpp"): "AugmentedConv2d, ours (C++ kernel)",
-    ("aa", "layer", "fused"): "AugmentedConv2d, ours (fused SDPA)",
-    ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
-    ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
-    ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
-    ("sasa", "layer", "cpp"): "LocalSelfAttention2d, ours (C++ kernel)",
-    ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
-    ("sasa", "layer", "unfold"): "naive unfold attention",
-    ("sasa", "layer", "conv3x3"): "3x3 conv",
-}
-
-
 def _key(r):
     return (r["suite"], r["kind"], r["impl"], r["side"])
 
@@ -281,50 +257,6 @@ def add_ratios(results):
             if ref is not None:
                 r["ratios"][name] = ratios(r, ref, RATIO_METRICS)
     return results
-
-
-def render_markdown(report) -> str:
-    out = [
-        header_line(report, peak_memory_meaning(report["device"]))
-        + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
-        f"median of {report['iters']} after {report['warmup']} warm-up. Reference check (float64, "
-        "max abs diff naive vs ours): "
-        f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
-    ]
-    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold"))):
-        rows = []
-        for r in report["results"]:
-            if r.get("suite") != suite:
-                continue
-            label = _LABELS[(r["suite"], r["kind"], r["impl"])]
-            size = f"{r['side']}x{r['side']}, C={r['channels']}"
-            if "median_s" not in r:
-                why = r.get("skipped") or ("error: " + r.get("error", "?"))
-                rows.append([size, label, why] + [""] * (2 + 2 * len(refs)))
-                continue
-            row = [size, label, fmt(r["median_s"], ".1f", 1e3), fmt(r["cpu_median_s"], ".1f", 1e3)]
-            row += [fmt(r["ratios"].get(n, {}).get("time"), ".2f") for n in refs]
-            row += [fmt(mib(r["peak_bytes"]), ".0f")]
-            row += [fmt(r["ratios"].get(n, {}).get("peak_mem"), ".2f") for n in refs]
-            rows.append(row)
-        if not rows:
-            continue
-        title = (
-            "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)"
-            if suite == "aa"
-            else "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold"
-        )
-        headers = (
-            ["Map, width", "Implementation", "fwd+bwd ms", "CPU ms"]
-            + [f"time × {n}" for n in refs]
-            + ["peak MiB"]
-            + [f"mem × {n}" for n in refs]
-        )
-        out.append(
-            f"\n**{title}**\n\n"
-            + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
-        )
-    return "".join(out)
 
 
 # ----------------------------------------------------------------------------- main
@@ -416,7 +348,7 @@ def main(argv=None) -> int:
         reference_check=ref,
         results=results,
     )
-    return write_report(report, render_markdown(report), args.output_json, args.output_md)
+    return write_report(report, render_layer_tables(report), args.output_json, args.output_md)
 
 
 if __name__ == "__main__":

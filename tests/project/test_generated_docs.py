@@ -2,7 +2,7 @@
 ``tools/update_docs.py`` makes from the committed data today, and that data is today's.
 
 * the generated blocks (demo results, learning table, the model table counted again, README's
-  results table, BENCHMARKS' CPU targets, the COCO cost tables) are up to date (``make docs``
+  results table, BENCHMARKS' tables, the COCO cost tables) are up to date (``make docs``
   fixes them);
 * every run summary under ``docs/runs`` was made with the config that its file and overrides
   give today: a changed config invalidates its numbers instead of keeping them;

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from aadet_tools import timing
+from aadet_tools.benchmark_tables import render_layer_tables, render_model_table
 from aadet_tools.report import (
     MISSING,
     fmt,
@@ -168,7 +169,7 @@ def test_benchmark_ratios_and_table():
     assert "ratios" not in results[3]
     rep = {"device": "cpu", "size": [128, 160], "batch": 2, "warmup": 1, "iters": 3,
            "amp_dtype": "bfloat16", "baseline": base, "env": env, "results": results}  # fmt: skip
-    md = benchmark.render_markdown(rep)
+    md = render_model_table(rep)
     head, table = md.split("\n\n")
     assert head.startswith("Device: Test CPU (cpu)") and "AMP autocasts to bfloat16" in head
     assert "Input 128x160, batch 2, median of 3" in head and "baseline `base`" in head
@@ -199,8 +200,8 @@ def test_benchmark_layers_ratios():
     assert results[2]["ratios"]["conv3x3"] == {"time": 1.0, "cpu_time": None, "peak_mem": 1.0}
     assert "ratios" not in results[3]
     env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
-    md = benchmark_layers.render_markdown(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
-                                               reference_check={"sasa": 1e-12}, results=results))
+    md = render_layer_tables(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
+                                  reference_check={"sasa": 1e-12}, results=results))
     assert md.startswith("Device: Test CPU (cpu)") and "reference check" in md.lower() and "sasa 1.0e-12" in md
     assert ("| 20x20, C=256 | LocalSelfAttention2d, ours (neighborhood) | 2000.0 | 1000.0 | 2.00 | 0.25 | 0 "
             "| 3.00 | 0.50 |") in md

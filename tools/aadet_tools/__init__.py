@@ -11,6 +11,9 @@ It may import :mod:`aadet`; :mod:`aadet` never imports it.
   that ``tools/train_net.py`` registers to write it.
 * :mod:`.timing`, :mod:`.report` -- the benchmarks' timing, peak memory, AMP settings and worker
   processes; their ratios, markdown and JSON.
+* :mod:`.benchmark_tables` -- the markdown tables of ``tools/benchmark.py``,
+  ``tools/benchmark_layers.py`` and ``tools/profile_step.py`` (printed by them, rendered into
+  BENCHMARKS.md from the committed runs).
 * :mod:`.synthetic_batch`, :mod:`.training_step` -- the random detection batch and the one
   training step (forward with losses, backward, optimizer step) that the benchmark tools time.
 * :mod:`.checkout` -- whether a tree (with or without ``.git``) is the clean commit it claims.

@@ -4,10 +4,12 @@ writes or checks (and ``tools/record_demo_results.py`` runs after adding runs).
 From the run summaries under ``docs/runs/demo`` (:mod:`aadet_tools.demo_results`):
 ``docs/demo_results.json``, the noise and headline tables of ``docs/demo_results.md``, the demo
 column of ``docs/model_table.md`` and the README's results table; from ``docs/runs/learning``: the
-learning table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json``: the CPU targets table of
-``BENCHMARKS.md``; from the COCO configs, the model table and ``docs/benchmarks_cuda.json``: the
-cost tables of ``docs/reproduce_coco.md`` (:mod:`aadet_tools.cost`). The model table's other
-columns are kept as committed, or, with ``model_table``, counted again from every config.
+learning table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json`` and the runs under
+``docs/runs/benchmarks``: every table of ``BENCHMARKS.md`` (:data:`BENCHMARK_RUNS`) and its GPU
+targets (the GPU run ``docs/benchmarks_cuda.json`` once there is one); from the COCO configs, the
+model table and ``docs/benchmarks_cuda.json``: the cost tables of ``docs/reproduce_coco.md``
+(:mod:`aadet_tools.cost`). The model table's other columns are kept as committed, or, with
+``model_table``, counted again from every config.
 """
 import difflib
 import json
@@ -15,7 +17,15 @@ import os
 from typing import Callable, Dict
 
 from . import cost
+from .benchmark_tables import (
+    render_layer_tables,
+    render_model_table,
+    render_profile_ops,
+    render_profile_parts,
+    spread_line,
+)
 from .cpu_report import render_cpu_markdown
+from .gpu_report import render_benchmarks_markdown, render_targets_markdown
 from .demo_results import (
     DEMOS,
     build_demo_results,
@@ -33,10 +43,46 @@ from .model_table import (
     update_demo_column,
 )
 
-__all__ = ["MUTATIONS", "committed_override", "generated_files", "stale_files", "write"]
+__all__ = ["BENCHMARK_RUNS", "MUTATIONS", "committed_override", "generated_files", "stale_files", "write"]
 
 #: The broken-attention mutations of tests/helpers/broken_attention.py: the learning table's columns.
 MUTATIONS = ("relative_zero", "off_by_one", "uniform")
+
+
+#: BENCHMARKS.md's blocks from the runs under ``docs/runs/benchmarks``: block -> (run JSON, table).
+#: ``layers``, ``demo`` and ``coco`` are the runs of ``tools/benchmark_cpu.py``, which names them.
+BENCHMARK_RUNS: Dict[str, tuple] = {
+    "layers": ("layers_cpu.json", render_layer_tables),
+    "demo": ("demo_cpu.json", render_model_table),
+    "coco": ("coco_cpu.json", render_model_table),
+    "layers-aa": ("layers_aa_cpu.json", render_layer_tables),
+    "layers-aa20": ("layers_aa20_cpu.json", render_layer_tables),
+    "profile": ("profile_demo_cpu.json", lambda r: render_profile_parts(r) + "\n" + render_profile_ops(r)),
+}
+
+
+def _benchmarks_md(text: str, repo: str) -> str:
+    """BENCHMARKS.md with every generated block made anew from the committed runs."""
+    docs = os.path.join(repo, "docs")
+    with open(os.path.join(docs, "benchmarks_cpu.json")) as f:
+        cpu = json.load(f)
+    text = replace_block(text, "cpu", render_cpu_markdown(cpu))
+    for name, (file, render) in BENCHMARK_RUNS.items():
+        with open(os.path.join(docs, "runs", "benchmarks", file)) as f:
+            report = json.load(f)
+        body = render(report)
+        if name in cpu["runs"]:
+            body = f"Its `{name}` run: `{cpu['runs'][name]['command']}`\n\n" + body
+        if name != "profile":
+            body += "\n" + spread_line(report)
+        text = replace_block(text, name, body)
+    cuda_json = os.path.join(docs, "benchmarks_cuda.json")
+    if os.path.isfile(cuda_json):
+        with open(cuda_json) as f:
+            gpu = render_benchmarks_markdown(json.load(f))
+    else:
+        gpu = "**Not measured yet**: no GPU has run `make gpu-check`.\n\n" + render_targets_markdown()
+    return replace_block(text, "gpu", gpu)
 
 
 def committed_override(repo: str) -> Callable[[str, str, str], bool]:
@@ -90,9 +136,8 @@ def generated_files(repo: str, model_table: bool = False) -> Dict[str, str]:
         out[table_md] = update_demo_column(_read(table_md), results, MARKDOWN_COMMAND)
     readme = os.path.join(repo, "README.md")
     out[readme] = splice_summary(_read(readme), out[table_md], results)
-    bench_md, bench_json = os.path.join(repo, "BENCHMARKS.md"), os.path.join(docs, "benchmarks_cpu.json")
-    with open(bench_json) as f:
-        out[bench_md] = replace_block(_read(bench_md), "cpu", render_cpu_markdown(json.load(f)))
+    bench_md = os.path.join(repo, "BENCHMARKS.md")
+    out[bench_md] = _benchmarks_md(_read(bench_md), repo)
     coco_md, cuda_json = os.path.join(docs, "reproduce_coco.md"), os.path.join(docs, "benchmarks_cuda.json")
     bench = None
     if os.path.isfile(cuda_json):

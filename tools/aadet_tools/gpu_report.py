@@ -61,6 +61,7 @@ __all__ = [
     "evaluate_targets",
     "benchmarks_cuda",
     "render_benchmarks_markdown",
+    "render_targets_markdown",
     "Protocol",
     "PROTOCOL",
     "AMP_DTYPES",
@@ -478,6 +479,15 @@ def render_benchmarks_markdown(bench: dict) -> str:
         out.append("\n" + markdown_table(["Target", "Subject", "Precision", "Limit", "Value", "Verdict"],
                                          rows, align="lllrrl"))
     return "".join(out)
+
+
+def render_targets_markdown(targets: Iterable[Target] = TARGETS, protocol: Protocol = PROTOCOL) -> str:
+    """The targets before any measurement: what, of which subject, at most how much, at ``protocol``."""
+    rows = [[t.name, f"`{t.subject}`", f"<= {t.limit:.2f}x"] for t in targets]
+    head = (f"At {describe_protocol(protocol)}; models as ratios to `{config_name(BASELINE_CONFIG)}` of the "
+            "same run and precision, the layer to a 3x3 conv of the same width and map; each precision "
+            "gets its own verdict.\n\n")
+    return head + markdown_table(["Target (CUDA)", "Subject", "Limit"], rows, align="lll")
 
 
 # ----------------------------------------------------------------------------- pytest junit

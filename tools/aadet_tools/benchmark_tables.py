@@ -1,0 +1,220 @@
+"""The markdown tables of the benchmark tools' reports, one function per table: what the tools
+print and what ``tools/update_docs.py`` renders into BENCHMARKS.md from the committed runs.
+
+* :func:`render_model_table`: ``tools/benchmark.py`` (training step and inference of configs);
+* :func:`render_layer_tables`: ``tools/benchmark_layers.py`` (the AA and SASA layers);
+* :func:`render_profile_parts`, :func:`render_profile_ops`: ``tools/profile_step.py`` (where a
+  training step spends its time);
+* :func:`spread_line`: the spread of the timed iterations of a run.
+
+Pure functions of the tools' JSON (the tools import them; tools never import one another).
+"""
+import os
+from typing import List, Sequence
+
+from .report import fmt, header_line, markdown_table, mib
+from .timing import peak_memory_meaning
+
+__all__ = [
+    "render_model_table",
+    "render_layer_tables",
+    "render_profile_parts",
+    "render_profile_ops",
+    "spread_line",
+]
+
+
+def _amp_cell(r) -> str:
+    return r.get("amp_dtype", "on") if r["amp"] else "off"
+
+
+def render_model_table(report: dict) -> str:
+    """``tools/benchmark.py``'s report as a markdown table (times in ms, memory in MiB, ratios to the
+    baseline)."""
+    cpu = report["device"].startswith("cpu")
+    headers = [
+        "Config",
+        "AMP",
+        "Params (M)",
+        "Train ms/iter",
+        "× base",
+        "img/s",
+        "Train peak MiB",
+        "× base",
+        "Infer ms/batch",
+        "× base",
+        "Infer peak MiB",
+        "× base",
+    ]
+    if cpu:  # process CPU time: steadier than wall time on a shared machine
+        headers[5:5] = ["Train CPU ms", "× base"]
+        headers += ["Infer CPU ms", "× base"]
+    rows = []
+    for r in report["results"]:
+        name = os.path.splitext(os.path.basename(r["config"]))[0]
+        if "error" in r:
+            rows.append(
+                [f"`{name}`", _amp_cell(r), "error: " + r["error"][:80]]
+                + [""] * (len(headers) - 3)
+            )
+            continue
+        tr, inf, rt = r.get("train", {}), r.get("inference", {}), r.get("ratios", {})
+        row = [
+            f"`{name}`",
+            _amp_cell(r),
+            fmt(r["params"], ".2f", 1e-6),
+            fmt(tr.get("median_s"), ".1f", 1e3),
+            fmt(rt.get("train_time"), ".2f"),
+            fmt(tr.get("images_per_s"), ".2f"),
+            fmt(mib(tr.get("peak_bytes")), ".0f"),
+            fmt(rt.get("train_peak_mem"), ".2f"),
+            fmt(inf.get("median_s"), ".1f", 1e3),
+            fmt(rt.get("inference_time"), ".2f"),
+            fmt(mib(inf.get("peak_bytes")), ".0f"),
+            fmt(rt.get("inference_peak_mem"), ".2f"),
+        ]
+        if cpu:
+            row[5:5] = [
+                fmt(tr.get("cpu_median_s"), ".1f", 1e3),
+                fmt(rt.get("train_cpu_time"), ".2f"),
+            ]
+            row += [
+                fmt(inf.get("cpu_median_s"), ".1f", 1e3),
+                fmt(rt.get("inference_cpu_time"), ".2f"),
+            ]
+        rows.append(row)
+    head = (
+        header_line(report, peak_memory_meaning(report["device"]))
+        + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, median of "
+        f"{report['iters']} iterations after {report['warmup']} warm-up; baseline "
+        f"`{os.path.splitext(os.path.basename(report['baseline']))[0]}`.\n\n"
+    )
+    return head + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
+
+
+
+_LABELS = {
+    ("aa", "core", "auto"): "core, ours (auto: fused SDPA on CUDA)",
+    ("aa", "core", "cpp"): "core, ours (C++ kernel, tables in-kernel)",
+    ("aa", "core", "fused"): "core, ours (fused SDPA, heads widened by H + W)",
+    ("aa", "core", "materialized"): "core, ours (materialized, chunk 1024)",
+    ("aa", "core", "naive"): "core, naive (full logits + rel_to_abs)",
+    ("aa", "core", "triton"): "core, ours (Triton, tables in-kernel)",
+    ("aa", "core", "flex"): "core, flex_attention (tables in score_mod)",
+    ("aa", "layer", "auto"): "AugmentedConv2d, ours",
+    ("aa", "layer", "cpp"): "AugmentedConv2d, ours (C++ kernel)",
+    ("aa", "layer", "fused"): "AugmentedConv2d, ours (fused SDPA)",
+    ("aa", "layer", "naive"): "AugmentedConv2d, naive core",
+    ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
+    ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
+    ("sasa", "layer", "cpp"): "LocalSelfAttention2d, ours (C++ kernel)",
+    ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
+    ("sasa", "layer", "unfold"): "naive unfold attention",
+    ("sasa", "layer", "conv3x3"): "3x3 conv",
+}
+
+
+def render_layer_tables(report: dict) -> str:
+    """``tools/benchmark_layers.py``'s report: one markdown table per suite (AA: ratios to the naive
+    implementation; SASA: to a 3x3 conv and to ``unfold``)."""
+    out = [
+        header_line(report, peak_memory_meaning(report["device"]))
+        + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
+        f"median of {report['iters']} after {report['warmup']} warm-up. Reference check (float64, "
+        "max abs diff naive vs ours): "
+        f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
+    ]
+    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold"))):
+        rows = []
+        for r in report["results"]:
+            if r.get("suite") != suite:
+                continue
+            label = _LABELS[(r["suite"], r["kind"], r["impl"])]
+            size = f"{r['side']}x{r['side']}, C={r['channels']}"
+            if "median_s" not in r:
+                why = r.get("skipped") or ("error: " + r.get("error", "?"))
+                rows.append([size, label, why] + [""] * (2 + 2 * len(refs)))
+                continue
+            row = [size, label, fmt(r["median_s"], ".1f", 1e3), fmt(r["cpu_median_s"], ".1f", 1e3)]
+            row += [fmt(r["ratios"].get(n, {}).get("time"), ".2f") for n in refs]
+            row += [fmt(mib(r["peak_bytes"]), ".0f")]
+            row += [fmt(r["ratios"].get(n, {}).get("peak_mem"), ".2f") for n in refs]
+            rows.append(row)
+        if not rows:
+            continue
+        title = (
+            "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)"
+            if suite == "aa"
+            else "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold"
+        )
+        headers = (
+            ["Map, width", "Implementation", "fwd+bwd ms", "CPU ms"]
+            + [f"time × {n}" for n in refs]
+            + ["peak MiB"]
+            + [f"mem × {n}" for n in refs]
+        )
+        out.append(
+            f"\n**{title}**\n\n"
+            + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
+        )
+    return "".join(out)
+
+
+
+def spread_line(report: dict) -> str:
+    """The largest interquartile range of a run's timed iterations, as a share of the median, and
+    its case: ``tools/benchmark.py`` (training step) or ``tools/benchmark_layers.py`` reports."""
+    worst = None
+    for r in report["results"]:
+        t = r.get("train", r)
+        if t.get("median_s") and t.get("p25_s") is not None and t.get("p75_s") is not None:
+            share = (t["p75_s"] - t["p25_s"]) / t["median_s"]
+            name = r.get("config") or f"{r['suite']} {r['kind']} {r['impl']} {r['side']}x{r['side']}"
+            if worst is None or share > worst[0]:
+                worst = (share, os.path.splitext(os.path.basename(name))[0])
+    if worst is None:
+        return "Spread: not recorded in this run.\n"
+    return (f"Spread within the run: the timed iterations' interquartile range is at most "
+            f"{100 * worst[0]:.1f}% of their median (`{worst[1]}`); ratios of two cases move by up to "
+            "about the sum of their spreads.\n")
+
+
+_PART = "backbone.bottom_up."
+
+
+def _part_names(report: dict) -> List[str]:
+    names: List[str] = []
+    for r in report["results"]:
+        names += [n for n in r["forward_ms"] if n not in names]
+    return names
+
+
+def render_profile_parts(report: dict) -> str:
+    """``tools/profile_step.py``'s report: the training step and its forward per part (ms), a column
+    per config."""
+    results = report["results"]
+    headers = ["ms"] + [f"`{os.path.splitext(os.path.basename(r['config']))[0]}`" for r in results]
+    rows: List[Sequence[str]] = [["training step (median)"] + [fmt(r["step_ms"], ".0f") for r in results]]
+    rows.append(["profiled step"] + [fmt(r["profiled_step_ms"], ".0f") for r in results])
+    for name in _part_names(report):
+        label = "forward " + (name[len(_PART):] if name.startswith(_PART) else name)
+        rows.append([label] + [fmt(r["forward_ms"].get(name), ".0f") for r in results])
+    rows.append(["losses, backward, SGD step"] + [fmt(r["losses_backward_and_step_ms"], ".0f") for r in results])
+    m = report.get("machine", {})
+    head = (f"CPU: {m.get('cpu')}, torch {report.get('torch')}, {report.get('threads')} thread(s); input "
+            f"{report['size']}x{report['size']}, batch {report['batch']}; configs one after another in one "
+            "process, forward per part by module hooks.\n\n")
+    return head + markdown_table(headers, rows)
+
+
+def render_profile_ops(report: dict, top: int = 6) -> str:
+    """``tools/profile_step.py``'s report: each config's ``top`` operators by self CPU time in one
+    step (``name`` calls, ms)."""
+    rows = []
+    for r in report["results"]:
+        ops = sorted(r["ops"], key=lambda o: -o["self_cpu_ms"])[:top]
+        cells = "; ".join(f"`{o['name']}` x{o['calls']} {o['self_cpu_ms']:.0f}" for o in ops)
+        rows.append([f"`{os.path.splitext(os.path.basename(r['config']))[0]}`",
+                     fmt(r["ops_self_cpu_total_ms"], ".0f"), cells])
+    headers = ["Config", "Self CPU ms", f"Top {top} operators: name, calls, self CPU ms"]
+    return markdown_table(headers, rows, align="lrl")
