@@ -101,7 +101,8 @@ def test_every_route_and_every_gradient_match_the_brute_force(impl, stride):
 @pytest.mark.parametrize("halo", [1, 2])
 def test_block_one_is_sasa_with_kernel_2h_plus_1(halo):
     torch.manual_seed(2)
-    sasa = LocalSelfAttention2d(6, 8, kernel_size=2 * halo + 1, num_heads=2).double()
+    # SASA's plain-ops route (exact, as every route): no C++ build in this file's runtime
+    sasa = LocalSelfAttention2d(6, 8, kernel_size=2 * halo + 1, num_heads=2, impl="materialized").double()
     halo_layer = HaloSelfAttention2d(6, 8, block_size=1, halo_size=halo, num_heads=2).double()
     halo_layer.load_state_dict(sasa.state_dict())  # same names and shapes: k = 2(1 + h) - 1
     x = torch.randn(2, 6, 5, 7, dtype=D)
