@@ -96,9 +96,15 @@ __doc__ += HALO_ATTENTION_BACKENDS.describe() + "\n"
 def auto_halo_attention_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
     (plain tensor ops only), ``"fused"`` on CUDA, on CPU the C++ kernel ``"cpp"`` where it builds,
-    else ``"bmm"``. The CPU order is one short measurement, not a benchmark: fwd+bwd of 8 heads,
-    d = dv = 32, 40 x 40, b = 8, h = 3, one thread: cpp 65-70 ms, bmm 72-88 ms, materialized
-    103 ms (best of 5, on a 2-core CPU shared with a training run)."""
+    else ``"bmm"``.
+
+    The CPU order rests on one short measurement, not a benchmark: fwd+bwd of 8 heads, d = dv =
+    32, 40 x 40, b = 8, h = 3, one thread: cpp 65-70 ms, bmm 72-88 ms, materialized 103 ms (best
+    of 5, on a 2-core CPU shared with a training run); the C++ kernel also keeps the least for
+    backward. The CUDA choice is not measured (no GPU run of these routes yet): ``"fused"`` is
+    the one route that runs every block in one fused kernel, SASA's CUDA default by the same
+    rule; ``tests/layers/test_cuda.py`` and ``test_halo_attention.py`` (``-m cuda``) check its
+    numbers on a GPU."""
     if is_exporting():
         return "materialized"
     if q.device.type == "cuda":
