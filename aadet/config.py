@@ -338,8 +338,7 @@ def add_halo_config(cfg):
     layer = layer_defaults(HaloSelfAttention2d)  # the layer keys' defaults: the layer's own
     ha = cfg.MODEL.HALO = CN()
     # Stages whose spatial (3x3) convolution is replaced by blocked local attention (the SASA
-    # backbone's default placement, so the two compare at equal placement; HaloNet's own models
-    # have attention in every stage, Sec. 3).
+    # backbone's default placement, so the two compare at equal placement).
     ha.STAGES = ("res2", "res3", "res4", "res5")
     # Query block side b: the map is cut into b x b blocks whose queries share one window
     # (paper: 8). A stage that downsamples needs b divisible by 2 (attention downsampling).

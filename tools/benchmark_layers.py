@@ -85,7 +85,7 @@ from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, spli
 AA_SIZES = {80: 128, 40: 256, 20: 512}
 SASA_CHANNELS = 256
 NUM_HEADS = 8
-#: The HaloNet suite: width, and the paper's block and halo (Sec. 3: b = 8, h = 3).
+#: The HaloNet suite: width, and HaloNet's block and halo (b = 8, h = 3).
 HALO_CHANNELS, HALO_BLOCK, HALO_HALO = 256, 8, 3
 
 

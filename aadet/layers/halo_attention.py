@@ -1,7 +1,7 @@
 """The blocked local self-attention layer of HaloNet, a drop-in for a spatial convolution.
 
 Paper: Vaswani, Ramachandran, Srinivas, Parmar, Hechtman, Shlens, "Scaling Local Self-Attention
-for Parameter Efficient Visual Backbones", CVPR 2021, Sec. 2.2-2.3. The map is cut into ``b x b``
+for Parameter Efficient Visual Backbones", CVPR 2021 (blocked local attention, Figure 1). The map is cut into ``b x b``
 query blocks; the queries of a block share one window, the block plus a halo of ``h`` pixels
 (paper: ``b = 8``, ``h = 3``, 8 heads), with SASA's relative row/column logits. A strided layer
 downsamples by attention (the paper's "attention downsampling", as timm's ``HaloAttn``): the

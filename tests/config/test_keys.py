@@ -232,7 +232,7 @@ def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
 
 def test_halo_keys_are_the_layers_defaults_the_papers_values(monkeypatch):
     """MODEL.HALO.* default to HaloSelfAttention2d's signature, which holds HaloNet's values
-    (Sec. 3: b = 8, h = 3, 8 heads); a changed signature changes the config."""
+    (b = 8, h = 3, 8 heads); a changed signature changes the config."""
     from aadet.config import layer_defaults
     from aadet.layers import HaloSelfAttention2d
 

@@ -1,7 +1,7 @@
 """HaloNet-style ResNet: Detectron2's ResNet with blocked local self-attention as the spatial layer.
 
 Paper: Vaswani et al., "Scaling Local Self-Attention for Parameter Efficient Visual Backbones"
-(HaloNet), CVPR 2021, Sec. 2.2-3. Every bottleneck block of the chosen stages keeps its 1x1
+(HaloNet), CVPR 2021. Every bottleneck block of the chosen stages keeps its 1x1
 convolutions and its shortcut; the 3x3 spatial convolution becomes a
 :class:`~aadet.layers.HaloSelfAttention2d` (``b = 8``, ``h = 3``, 8 heads, relative positions),
 followed by the block's norm. A strided block downsamples by attention (queries on the strided
