@@ -22,6 +22,8 @@ One home per fact:
 Papers:
   AA   -- Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019.
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
+  Halo -- Vaswani et al., "Scaling Local Self-Attention for Parameter Efficient Visual
+          Backbones" (HaloNet), CVPR 2021.
 """
 import difflib
 import inspect
@@ -30,18 +32,26 @@ from typing import Any, Dict, List, Optional
 
 from detectron2.config import CfgNode as CN
 
-from .layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from .layers import (
+    AugmentedConv2d,
+    HaloSelfAttention2d,
+    LocalSelfAttention2d,
+    SpatiallyAwareAttentionStem,
+)
 from .layers.augmented_conv import KAPPA_RANGE, NU_RANGE
 from .layers.augmented_conv import POSITIONAL_ENCODINGS as AA_POSITIONAL_ENCODINGS
 from .layers.functional.checks import (
     Interval,
     check_in,
     check_int,
+    check_halo_size,
     check_kernel_size,
     check_one_of,
 )
+from .layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from .layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
 from .layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
+from .layers.halo_attention import POSITIONAL_ENCODINGS as HALO_POSITIONAL_ENCODINGS
 from .layers.local_attention import POSITIONAL_ENCODINGS as SASA_POSITIONAL_ENCODINGS
 
 __all__ = [
@@ -58,6 +68,7 @@ __all__ = [
     "compile_backends",
     "check_aa_config",
     "check_sasa_config",
+    "check_halo_config",
     "check_compile_config",
     "check_recipe_values",
 ]
@@ -158,6 +169,7 @@ def add_aadet_config(cfg):
         add_fpn_and_head_config,
         add_aa_config,
         add_sasa_config,
+        add_halo_config,
         add_compile_config,
         add_datasets_config,
     ):
@@ -324,6 +336,27 @@ def add_sasa_config(cfg):
     sa.BLOCK_SIZE = layer["block_size"]
 
 
+def add_halo_config(cfg):
+    """``MODEL.HALO.*``: the HaloNet-style ResNet (:mod:`aadet.modeling.backbone.halo_resnet`)."""
+    layer = layer_defaults(HaloSelfAttention2d)  # the layer keys' defaults: the layer's own
+    ha = cfg.MODEL.HALO = CN()
+    # Stages whose spatial (3x3) convolution is replaced by blocked local attention (the SASA
+    # backbone's default placement, so the two compare at equal placement).
+    ha.STAGES = ("res2", "res3", "res4", "res5")
+    # Query block side b: the map is cut into b x b blocks whose queries share one window
+    # (paper: 8). A stage that downsamples needs b divisible by 2 (attention downsampling).
+    ha.BLOCK_SIZE = layer["block_size"]
+    # Halo h: rows/columns of keys around each block, the window is (b + 2h)^2 (paper: 3).
+    ha.HALO_SIZE = layer["halo_size"]
+    ha.NUM_HEADS = layer["num_heads"]  # paper: 8
+    # A name in aadet.layers.HALO_POSITIONAL_ENCODINGS: "relative" (paper) or "none".
+    ha.POSITIONAL_ENCODING = layer["positional_encoding"]
+    # How the attention is computed: "auto" (aadet.layers.functional.halo_attention.
+    # auto_halo_attention_impl) or a route of HALO_ATTENTION_BACKENDS there (all exact, only
+    # speed and memory differ; each route with its summary).
+    ha.IMPL = layer["impl"]
+
+
 def add_compile_config(cfg):
     """``MODEL.COMPILE.*``: running the model through ``torch.compile`` (:mod:`aadet.engine.compile`)."""
     # In tools/train_net.py's training and evaluation (--compile sets ENABLED): nn.Module.compile
@@ -375,6 +408,7 @@ def validate_aadet_config(cfg):
         check_compile_config,
         check_aa_config,
         check_sasa_config,
+        check_halo_config,
     ):
         check(cfg)
     return cfg
@@ -486,3 +520,15 @@ def check_sasa_config(cfg):
     for key in ("STEM_MIXTURES", "STEM_NUM_HEADS", "STEM_BLOCK_SIZE", "BLOCK_SIZE"):
         check_int(sa[key], f"MODEL.SASA.{key}", 1, config_error)
     LOCAL_ATTENTION_BACKENDS.check(sa.IMPL, "MODEL.SASA.IMPL", config_error)
+
+
+def check_halo_config(cfg):
+    """``MODEL.HALO.*`` with :class:`~aadet.layers.HaloSelfAttention2d`'s rules (``STAGES``
+    belongs to the HaloNet-ResNet builder, which also checks each stage's width against
+    ``NUM_HEADS`` and a downsampling stage's ``BLOCK_SIZE``)."""
+    ha = cfg.MODEL.HALO
+    check_int(ha.BLOCK_SIZE, "MODEL.HALO.BLOCK_SIZE", 1, config_error)
+    check_halo_size(ha.HALO_SIZE, "MODEL.HALO.HALO_SIZE", config_error)
+    check_int(ha.NUM_HEADS, "MODEL.HALO.NUM_HEADS", 1, config_error)
+    check_one_of(ha.POSITIONAL_ENCODING, HALO_POSITIONAL_ENCODINGS, "MODEL.HALO.POSITIONAL_ENCODING", config_error)
+    HALO_ATTENTION_BACKENDS.check(ha.IMPL, "MODEL.HALO.IMPL", config_error)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Layer micro-benchmarks of the AA and SASA attention, against straightforward implementations.
+"""Layer micro-benchmarks of the AA, SASA and HaloNet attention, against straightforward
+implementations and convolutions.
 
     OMP_NUM_THREADS=1 python tools/benchmark_layers.py --device cpu --output-json out/layers_cpu.json
     python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
@@ -37,6 +38,12 @@ float16 on CUDA, bfloat16 on CPU):
   same attention written with ``F.unfold`` (every pixel's ``k x k`` keys and values copied,
   ``k^2 = 49`` times the map), out-of-map neighbours masked like ours.
 
+* **HaloNet** (``--suite halo``): :class:`aadet.layers.HaloSelfAttention2d` (256 channels, b = 8,
+  h = 3, 8 heads, relative; its routes ``cpp`` -- the C++ kernel, the CPU default --, ``bmm``,
+  ``materialized`` and ``fused`` on CPU, ``fused`` and ``materialized`` on CUDA) against a 3x3
+  convolution of the same width and against the SASA layer of the suite above (k = 7, its
+  ``auto`` route) at that width: issue 46's target is the halo layer at or below the 3x3 conv.
+
 Before timing, each naive implementation is checked against ours on a small float64 input.
 """
 
@@ -71,12 +78,15 @@ from aadet.layers.functional.reference import (  # noqa: E402
     paper_relative_self_attention_2d,
 )
 from aadet.layers.functional.relative_attention import relative_self_attention_2d  # noqa: E402
+from aadet.layers.halo_attention import HaloSelfAttention2d  # noqa: E402
 from aadet.layers.local_attention import LocalSelfAttention2d, merge_heads, split_heads  # noqa: E402
 
 #: (map side, Fout) of AA-R50's res3 / res4 / res5 for a 640x640 image.
 AA_SIZES = {80: 128, 40: 256, 20: 512}
 SASA_CHANNELS = 256
 NUM_HEADS = 8
+#: The HaloNet suite: width, and HaloNet's block and halo (b = 8, h = 3).
+HALO_CHANNELS, HALO_BLOCK, HALO_HALO = 256, 8, 3
 
 
 # ----------------------------------------------------------------------------- naive references
@@ -160,6 +170,12 @@ def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
                 cases.append(
                     dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
                 )
+        if "halo" in suites:
+            routes = ("fused", "materialized") if cuda else ("cpp", "bmm", "materialized", "fused")
+            for impl in routes + ("sasa", "conv3x3"):
+                cases.append(
+                    dict(suite="halo", kind="layer", impl=impl, side=s, channels=HALO_CHANNELS)
+                )
     return cases
 
 
@@ -197,6 +213,12 @@ def _make_work(case, batch, device, dtype):
                 aa_module.relative_self_attention_2d_unchecked = naive_relative_attention_2d
         elif case["impl"] == "conv3x3":
             mod = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        elif case["suite"] == "halo" and case["impl"] != "sasa":
+            mod = HaloSelfAttention2d(
+                c, c, block_size=HALO_BLOCK, halo_size=HALO_HALO, num_heads=NUM_HEADS, impl=case["impl"]
+            )
+        elif case["suite"] == "halo":  # the SASA layer at the same width, its default route
+            mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS)
         else:
             impl = case["impl"] if case["impl"] in ("neighborhood", "fused", "cpp", "triton") else "auto"
             mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS, impl=impl)
@@ -241,16 +263,17 @@ RATIO_METRICS = {"time": "median_s", "cpu_time": "cpu_median_s", "peak_mem": "pe
 
 
 def add_ratios(results):
-    """AA: ratios to the naive case of the same kind and size; SASA: to the 3x3 conv and unfold."""
+    """AA: ratios to the naive case of the same kind and size; SASA: to the 3x3 conv and unfold;
+    HaloNet: to the 3x3 conv and the SASA layer."""
     by = index_results(results, key=_key)
     for r in results:
         if "median_s" not in r:
             continue
-        refs = (
-            {"naive": ("aa", r["kind"], "naive")}
-            if r["suite"] == "aa"
-            else {"conv3x3": ("sasa", "layer", "conv3x3"), "unfold": ("sasa", "layer", "unfold")}
-        )
+        refs = {
+            "aa": {"naive": ("aa", r["kind"], "naive")},
+            "sasa": {"conv3x3": ("sasa", "layer", "conv3x3"), "unfold": ("sasa", "layer", "unfold")},
+            "halo": {"conv3x3": ("halo", "layer", "conv3x3"), "sasa": ("halo", "layer", "sasa")},
+        }[r["suite"]]
         r["ratios"] = {}
         for name, k in refs.items():
             ref = by.get((*k, r["side"]))
@@ -264,7 +287,7 @@ def build_parser():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--suite", choices=("aa", "sasa", "all"), default="all")
+    p.add_argument("--suite", choices=("aa", "sasa", "halo", "all"), default="all")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--batch", type=int, default=1, help="batch (default 1; e.g. 8 on a GPU)")
     p.add_argument(
@@ -308,7 +331,7 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 1)
     iters = args.iters if args.iters is not None else (30 if cuda else 3)
     max_gib = args.max_naive_gib if args.max_naive_gib is not None else (math.inf if cuda else 6.0)
-    suites = ("aa", "sasa") if args.suite == "all" else (args.suite,)
+    suites = ("aa", "sasa", "halo") if args.suite == "all" else (args.suite,)
     if len(set(args.sizes)) != len(args.sizes):
         raise SystemExit(f"--sizes lists a size more than once: {args.sizes}")
     with torch.no_grad():

@@ -17,6 +17,7 @@ from .attention_stats import (  # noqa: F401
     attention_layers,
     attention_perplexity,
     augmented_attention_perplexity,
+    halo_attention_perplexity,
     local_attention_perplexity,
     relative_embedding_grad_ratios,
     stem_attention_perplexity,

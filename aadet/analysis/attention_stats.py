@@ -9,8 +9,10 @@ gradient/weight ratios of the relative embeddings (plain PyTorch, no Detectron2 
   under ``torch.no_grad()``.
   Covered layers (:data:`ATTENTION_LAYER_TYPES`): SASA's :class:`~aadet.layers.LocalSelfAttention2d`
   (``k x k`` windows clipped to the map), AA's :class:`~aadet.layers.AugmentedConv2d` (global:
-  every query sees the ``h * w`` keys of its attention grid) and SASA's
-  :class:`~aadet.layers.SpatiallyAwareAttentionStem` (the in-map pixels of the query's block).
+  every query sees the ``h * w`` keys of its attention grid), SASA's
+  :class:`~aadet.layers.SpatiallyAwareAttentionStem` (the in-map pixels of the query's block) and
+  HaloNet's :class:`~aadet.layers.HaloSelfAttention2d` (the in-map keys of the window of the
+  query's block).
 * :func:`relative_embedding_grad_ratios`: ``||grad|| / ||weight||`` of every attention layer's
   relative tables, query and value projections, as left by a backward pass: the relative
   step size an SGD step takes (times the learning rate).
@@ -20,7 +22,8 @@ gradient/weight ratios of the relative embeddings (plain PyTorch, no Detectron2 
 
 The probabilities come from the layers' own computations: :meth:`LocalSelfAttention2d.queries_keys`
 with :func:`~aadet.layers.functional.local_attention_probs_2d`,
-:meth:`AugmentedConv2d.attention_maps` and :meth:`SpatiallyAwareAttentionStem.attention_probs`.
+:meth:`AugmentedConv2d.attention_maps`, :meth:`SpatiallyAwareAttentionStem.attention_probs` and
+:meth:`HaloSelfAttention2d.queries_keys` with :func:`~aadet.layers.functional.halo_attention_probs_2d`.
 """
 import math
 from dataclasses import dataclass
@@ -32,10 +35,11 @@ from torch import nn
 from ..layers import (
     RELATIVE_EMBEDDING_NAMES,
     AugmentedConv2d,
+    HaloSelfAttention2d,
     LocalSelfAttention2d,
     SpatiallyAwareAttentionStem,
 )
-from ..layers.functional import block_padding_mask, local_attention_probs_2d
+from ..layers.functional import block_padding_mask, halo_attention_probs_2d, local_attention_probs_2d
 from ..utils.modules import unwrap_model
 
 __all__ = [
@@ -46,13 +50,14 @@ __all__ = [
     "attention_layers",
     "attention_perplexity",
     "augmented_attention_perplexity",
+    "halo_attention_perplexity",
     "local_attention_perplexity",
     "relative_embedding_grad_ratios",
     "stem_attention_perplexity",
 ]
 
 #: The layer classes whose attention these statistics cover (subclasses included).
-ATTENTION_LAYER_TYPES = (LocalSelfAttention2d, AugmentedConv2d, SpatiallyAwareAttentionStem)
+ATTENTION_LAYER_TYPES = (LocalSelfAttention2d, AugmentedConv2d, SpatiallyAwareAttentionStem, HaloSelfAttention2d)
 
 #: Default cap on the query pixels evaluated per image and layer.
 DEFAULT_MAX_QUERIES = 4096
@@ -192,18 +197,66 @@ def stem_attention_perplexity(
     return AttentionStats(float(per_query.mean()), float(keys.double().mean()), int(valid.sum()))
 
 
+@torch.no_grad()
+def halo_attention_perplexity(
+    module: HaloSelfAttention2d, x: torch.Tensor, max_queries: int = DEFAULT_MAX_QUERIES
+) -> AttentionStats:
+    """Perplexity of a HaloNet layer's blocked attention on input ``x`` (see
+    :class:`AttentionStats`): query ``(y', x')`` (at pixel ``(s y', s x')``) attends to the
+    in-map keys of its block's ``(b + 2h)^2`` window (:meth:`HaloSelfAttention2d.queries_keys`
+    with :func:`~aadet.layers.functional.halo_attention_probs_2d`, keys outside the map at 0).
+
+    Large maps are subsampled by whole query rows, at most ``max(1, max_queries // Wo)`` of them,
+    evenly spread: each is computed on the band of key rows its block's window reaches, cut at
+    block boundaries so the blocks, the halo and the map's border masks are the map's own.
+
+    Args:
+        module: the layer.
+        x: ``[B, in_channels, H, W]`` its input.
+        max_queries: cap on the query pixels per image (rounded to whole rows, at least one).
+    """
+    q, k = module.queries_keys(x)  # [B, Nh, Ho, Wo, dkh], [B, Nh, H, W, dkh]
+    (ho, wo), (h, w) = q.shape[2:4], k.shape[2:4]
+    b, hs, s = module.block_size, module.halo_size, module.stride
+    rows = _spread(ho, max(1, max_queries // wo))
+
+    def window(n: int, start: torch.Tensor) -> torch.Tensor:  # in-map keys of windows at start
+        return (start + b + hs).clamp(max=n) - (start - hs).clamp(min=0)
+
+    if len(rows) == ho:
+        probs = halo_attention_probs_2d(q, k, module.rel_h, module.rel_w, b, hs, query_stride=s)
+        perplexity = _perplexities(probs, (-2, -1))  # [B, Nh, Ho, Wo]
+    else:
+        parts = []
+        for yo in rows.tolist():
+            top = (s * yo) // b * b  # first row of the query's block
+            # Key rows [lo, hi): lo on a block boundary (so the band's blocks are the map's) at
+            # or above the window's top (clipped to the map), hi its bottom (clipped): the
+            # window of row yo is the same in the band as in the map. lo / s is a query row.
+            lo, hi = max(0, top - hs) // b * b, min(h, top + b + hs)
+            band_q, band_k = q[:, :, lo // s:-(-hi // s)], k[:, :, lo:hi]
+            probs = halo_attention_probs_2d(band_q, band_k, module.rel_h, module.rel_w, b, hs, query_stride=s)
+            parts.append(_perplexities(probs[:, :, yo - lo // s], (-2, -1)))  # [B, Nh, Wo]
+        perplexity = torch.stack(parts, dim=2)  # [B, Nh, rows, Wo]
+    ys = (s * rows) // b * b
+    xs = (s * torch.arange(wo)) // b * b
+    keys = window(h, ys)[:, None] * window(w, xs)[None, :]
+    return AttentionStats(float(perplexity.mean()), float(keys.double().mean()), len(rows) * wo)
+
+
 _PERPLEXITY_FNS: Dict[type, Callable[..., AttentionStats]] = {
     LocalSelfAttention2d: local_attention_perplexity,
     AugmentedConv2d: augmented_attention_perplexity,
     SpatiallyAwareAttentionStem: stem_attention_perplexity,
+    HaloSelfAttention2d: halo_attention_perplexity,
 }
 
 
 def attention_perplexity(
     module: nn.Module, x: torch.Tensor, max_queries: int = DEFAULT_MAX_QUERIES
 ) -> AttentionStats:
-    """:func:`local_attention_perplexity`, :func:`augmented_attention_perplexity` or
-    :func:`stem_attention_perplexity`, by the type of ``module`` (one of
+    """:func:`local_attention_perplexity`, :func:`augmented_attention_perplexity`,
+    :func:`stem_attention_perplexity` or :func:`halo_attention_perplexity`, by the type of ``module`` (one of
     :data:`ATTENTION_LAYER_TYPES`); ``x [B, C, H, W]`` is its input."""
     for cls, fn in _PERPLEXITY_FNS.items():
         if isinstance(module, cls):
@@ -227,7 +280,7 @@ def attention_layers(model: nn.Module) -> Dict[str, nn.Module]:
 # ---------------------------------------------------------------- gradient / weight ratios
 def _projection_rows(module: nn.Module) -> Dict[str, Tuple[torch.Tensor, Optional[slice]]]:
     """``{"query" | "value": (weight parameter, output rows or None for all)}`` of a layer."""
-    if isinstance(module, LocalSelfAttention2d):
+    if isinstance(module, (LocalSelfAttention2d, HaloSelfAttention2d)):
         return {"query": (module.query.weight, None), "value": (module.value.weight, None)}
     if isinstance(module, AugmentedConv2d):  # one 1x1 conv, output rows k | q | v
         dk, dv = module.dk, module.dv
@@ -268,7 +321,7 @@ def relative_embedding_grad_ratios(model: nn.Module) -> Dict[str, float]:
       the unused rows would only dilute the ratio;
     * ``rel``: both tables together (``sqrt(sum ||g||^2 / sum ||w||^2)`` over those rows);
     * ``query``, ``value``: the query and value projection weights for comparison
-      (``LocalSelfAttention2d.query/value.weight``, the q / v output rows of
+      (``LocalSelfAttention2d`` / ``HaloSelfAttention2d.query/value.weight``, the q / v output rows of
       ``AugmentedConv2d.qkv.weight``, ``SpatiallyAwareAttentionStem.query.weight`` /
       ``value_weight``).
 

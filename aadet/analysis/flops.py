@@ -16,7 +16,7 @@ Convention
   pre-processing, anchors and post-processing: :func:`detector_flops` traces the network from
   the normalized image tensor to the head's outputs.
 * **Attention layers** (:class:`~aadet.layers.AugmentedConv2d`,
-  :class:`~aadet.layers.LocalSelfAttention2d`,
+  :class:`~aadet.layers.LocalSelfAttention2d`, :class:`~aadet.layers.HaloSelfAttention2d`,
   :class:`~aadet.layers.SpatiallyAwareAttentionStem`): their child ``nn.Conv2d`` modules
   (q/k/v projections, AA's output projection and conv branch) are counted by fvcore like any
   convolution. Every other op inside the layer is replaced by the algorithmic count of
@@ -24,6 +24,7 @@ Convention
   layer's own ``flop_count`` (where its formula is written and explained), restricted to its
   ``ATTENTION_FLOP_COMPONENTS``. In short: AA each query against all ``h w`` keys of its grid,
   the SASA layer each query against its ``k x k`` neighbours (as for a zero-padded convolution),
+  the HaloNet layer each query against its block's whole ``(b + 2h)^2`` window,
   the stem its ``b x b`` block plus its value mixture and projections.
 
 * **Overhead** (reported separately, never in the totals): the extra multiply-adds of our
@@ -45,6 +46,7 @@ from torch import nn
 
 from ..layers.attention_stem import SpatiallyAwareAttentionStem
 from ..layers.augmented_conv import AugmentedConv2d
+from ..layers.halo_attention import HaloSelfAttention2d
 from ..layers.local_attention import LocalSelfAttention2d
 
 __all__ = [
@@ -59,7 +61,7 @@ __all__ = [
 ]
 
 #: The layers counted by formula (an instance nested in another is counted by the outer one).
-ATTENTION_TYPES = (AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem)
+ATTENTION_TYPES = (AugmentedConv2d, LocalSelfAttention2d, HaloSelfAttention2d, SpatiallyAwareAttentionStem)
 
 # Ops that fvcore would warn about and that this convention does not count (see the module
 # docstring): norms, elementwise arithmetic, pooling, upsampling, softmax, post-processing.

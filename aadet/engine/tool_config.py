@@ -19,7 +19,7 @@ from detectron2.modeling import build_model
 
 from ..config import config_keys
 from ..data.augmentation import build_augmentation
-from ..modeling.backbone import build_aa_resnet_backbone
+from ..modeling.backbone import build_aa_resnet_backbone, build_halo_resnet_backbone
 from ..modeling.box_voting import bbox_vote_thresh
 from .defaults import load_config
 from .lazy import plain_containers, call_target, build, eval_dataset_names, load_lazy_config
@@ -93,6 +93,7 @@ def inference_settings(cfg) -> InferenceSettings:
             attention_routes={
                 "MODEL.AA.IMPL": ("aa", cfg.MODEL.AA.IMPL),
                 "MODEL.SASA.IMPL": ("sasa", cfg.MODEL.SASA.IMPL),
+                "MODEL.HALO.IMPL": ("halo", cfg.MODEL.HALO.IMPL),
             },
         )
     m, t = cfg.model, cfg.train
@@ -117,9 +118,14 @@ def inference_settings(cfg) -> InferenceSettings:
     )
 
 
+#: The backbone builders whose ``impl`` options name routes other than local attention's.
+_ROUTE_KINDS = {build_aa_resnet_backbone: "aa", build_halo_resnet_backbone: "halo"}
+
+
 def _lazy_attention_routes(cfg) -> Dict[str, Tuple[str, str]]:
     """Every ``impl`` of the model's attention options: the AA-ResNet's are logit-table routes,
-    the others (SASA-ResNet, attentional FPN and head) local-attention routes."""
+    the HaloNet-ResNet's halo-attention routes, the others (SASA-ResNet, attentional FPN and head)
+    local-attention routes."""
     tree = plain_containers(cfg.model)
     routes = {}
     for key in config_keys(tree, "model."):
@@ -132,7 +138,7 @@ def _lazy_attention_routes(cfg) -> Dict[str, Tuple[str, str]]:
         node = tree
         for name in owner.split(".")[1:]:
             node = node[name]
-        kind = "aa" if call_target(node) is build_aa_resnet_backbone else "sasa"
+        kind = _ROUTE_KINDS.get(call_target(node), "sasa")
         routes[key] = (kind, value)
     return routes
 

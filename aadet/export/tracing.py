@@ -23,8 +23,8 @@ size for TorchScript files too. Export once per input size.
 
 Attention layers trace with plain tensor ops: ``impl="auto"`` picks an exporting route while
 tracing or exporting (no custom ``autograd.Function``, no SDPA, halo windows gathered with
-``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL`` and
-``MODEL.SASA.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
+``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL``,
+``MODEL.SASA.IMPL`` and ``MODEL.HALO.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
 (:func:`check_exportable`). The export is PyTorch's
 TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
 """
@@ -43,6 +43,7 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNet
 
 from ..config import config_error
 from ..layers.functional.checks import check_one_of
+from ..layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
 from ..layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
 from ..engine.tool_config import inference_settings
@@ -69,8 +70,12 @@ ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
 #: The registry of each kind of attention route (``InferenceSettings.attention_routes``: the
-#: config keys naming them, ``MODEL.AA.IMPL`` / ``MODEL.SASA.IMPL`` in a YACS config).
-ROUTE_REGISTRIES = {"aa": LOGIT_TABLE_BACKENDS, "sasa": LOCAL_ATTENTION_BACKENDS}
+#: config keys naming them, ``MODEL.AA.IMPL`` / ``MODEL.SASA.IMPL`` / ``MODEL.HALO.IMPL`` in a YACS config).
+ROUTE_REGISTRIES = {
+    "aa": LOGIT_TABLE_BACKENDS,
+    "sasa": LOCAL_ATTENTION_BACKENDS,
+    "halo": HALO_ATTENTION_BACKENDS,
+}
 
 
 def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from aadet.analysis import attention_flops, count_flops, parameter_breakdown
 from aadet.engine import load_config
-from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
 
 from tests.helpers import REPO
 
@@ -26,6 +26,8 @@ COCO_PARAMS = {
     "aa_retinanet_R_50_FPN_scratch_150ep_pos_coordconv": (33405524, 23068000, 3870208, 6467316),
     "aa_retinanet_R_50_FPN_scratch_150ep_pos_none": (33400292, 23062768, 3870208, 6467316),
     "aa_retinanet_R_50_FPN_scratch_150ep_pos_sine2d": (33400292, 23062768, 3870208, 6467316),
+    # SASA conv stem's placement, tables of 21 rows instead of 7: + 6,608 (tests/modeling/test_halo_models.py)
+    "halo_retinanet_R_50_FPN_scratch_150ep": (26310636, 15973112, 3870208, 6467316),
     "retinanet_R_101_FPN_scratch_150ep": (52837684, 42500160, 3870208, 6467316),
     "retinanet_R_50_FPN_scratch_150ep": (33845556, 23508032, 3870208, 6467316),
     "sasa_attnstem_retinanet_R_50_FPN_scratch_150ep": (26296988, 15959464, 3870208, 6467316),
@@ -106,6 +108,21 @@ def test_sasa_strided_layer_counts_queries_at_input_resolution():
     report = count_flops(layer.eval(), torch.randn(1, 8, 7, 7))
     n = 49
     assert report.total == 3 * n * 8 * 8 + 2 * n * 25 * 8  # pooling not counted
+
+
+def test_halo_layer_flops_match_hand_count():
+    """Queries on the strided grid (q projection too), keys and values at full resolution, each
+    query against its block's whole (b + 2h)^2 window."""
+    b, cin, c, h, w, bs, hs = 2, 12, 16, 9, 7, 4, 1
+    layer = HaloSelfAttention2d(cin, c, block_size=bs, halo_size=hs, num_heads=2, stride=2).eval()
+    report = count_flops(layer, torch.randn(b, cin, h, w))
+    n, nq, u = h * w, 5 * 4, bs + 2 * hs
+    projections = b * (nq + 2 * n) * cin * c
+    attention = b * nq * c * (2 * u * u + u)  # content + weighted sum + relative
+    assert report.attention == attention > 0
+    assert report.total == projections + attention
+    assert report.unsupported_ops == {}
+    assert report.overhead == b * nq * c * (2 * (bs + hs) - 1 - u)  # all 9 offsets' tables vs 6
 
 
 def test_aa_layer_flops_match_hand_count():

@@ -13,14 +13,15 @@ from aadet.analysis import (
     AttentionStatsCollector,
     attention_perplexity,
     augmented_attention_perplexity,
+    halo_attention_perplexity,
     local_attention_perplexity,
     relative_embedding_grad_ratios,
     stem_attention_perplexity,
 )
 from aadet.config import ConfigValueError, validate_aadet_config
 from aadet.engine import AttentionStatsHook, get_aadet_cfg
-from aadet.layers import AugmentedConv2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
-from aadet.layers.functional import local_attention_probs_2d
+from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from aadet.layers.functional import halo_attention_probs_2d, local_attention_probs_2d
 
 
 def _sasa(kernel_size=3, positional_encoding="relative"):
@@ -101,6 +102,44 @@ def test_augmented_conv_and_stem_perplexity():
     assert st.perplexity == pytest.approx(keys, rel=1e-5)
     sub = stem_attention_perplexity(stem, x, max_queries=32)  # 2 of 9 blocks per image
     assert sub.queries <= 32 and sub.perplexity == pytest.approx(sub.keys, rel=1e-5)
+
+
+def _halo(stride=1):
+    torch.manual_seed(0)
+    return HaloSelfAttention2d(4, 8, block_size=4, halo_size=1, num_heads=2, stride=stride)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_halo_zero_queries_give_uniform_attention_over_the_in_map_window(stride):
+    m = _halo(stride)
+    _zero_queries(m)
+    x = torch.randn(2, 4, 9, 6)  # block rows 0-3, 4-7, 8; windows clipped to the map
+    st = halo_attention_perplexity(m, x)
+    rows = {0: 5, 4: 6, 8: 2}  # in-map window rows of a query whose block starts at that row
+    cols = {0: 5, 4: 3}
+    ho, wo = -(-9 // stride), -(-6 // stride)
+    keys = sum(rows[stride * y // 4 * 4] * cols[stride * x // 4 * 4] for y in range(ho) for x in range(wo))
+    assert st.queries == ho * wo and st.keys == pytest.approx(keys / (ho * wo), rel=1e-12)
+    assert st.perplexity == pytest.approx(st.keys, rel=1e-5)
+    assert attention_perplexity(m, x) == st
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_halo_row_subsampling_is_exact(stride):
+    m = _halo(stride)
+    x = torch.randn(2, 4, 19, 7)
+    q, k = m.queries_keys(x)
+    with torch.no_grad():
+        p = halo_attention_probs_2d(q, k, m.rel_h, m.rel_w, 4, 1, query_stride=stride)
+    per_query = torch.special.entr(p).sum((-2, -1)).exp()  # [B, Nh, Ho, Wo]
+    ho, wo = per_query.shape[2:]
+    full = halo_attention_perplexity(m, x)
+    assert full.perplexity == pytest.approx(float(per_query.mean()), rel=1e-6)
+    assert 1 < full.perplexity < full.keys
+    sub = halo_attention_perplexity(m, x, max_queries=3 * wo)  # 3 rows, each on its own band
+    rows = ((torch.arange(3, dtype=torch.float64) + 0.5) * (ho / 3)).floor().long()
+    assert sub.queries == 3 * wo
+    assert sub.perplexity == pytest.approx(float(per_query[:, :, rows].mean()), rel=1e-6)
 
 
 def test_grad_ratios_by_hand():

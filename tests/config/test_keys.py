@@ -46,6 +46,11 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("MODEL.AA.POSITIONAL_ENCODING", "learned", "MODEL.AA.POSITIONAL_ENCODING"),
         ("MODEL.SASA.KERNEL_SIZE", 4, "MODEL.SASA.KERNEL_SIZE"),
         ("MODEL.SASA.IMPL", "unfold", "MODEL.SASA.IMPL"),
+        ("MODEL.HALO.BLOCK_SIZE", 0, "MODEL.HALO.BLOCK_SIZE must be an integer >= 1; got 0"),
+        ("MODEL.HALO.HALO_SIZE", -1, "MODEL.HALO.HALO_SIZE must be an integer >= 0; got -1"),
+        ("MODEL.HALO.NUM_HEADS", 0, "MODEL.HALO.NUM_HEADS must be an integer >= 1; got 0"),
+        ("MODEL.HALO.POSITIONAL_ENCODING", "sine2d", "MODEL.HALO.POSITIONAL_ENCODING"),
+        ("MODEL.HALO.IMPL", "unfold", "MODEL.HALO.IMPL"),
     ],
 )
 def test_bad_values_name_the_key(key, value, needle):
@@ -55,7 +60,7 @@ def test_bad_values_name_the_key(key, value, needle):
     for p in parents:
         node = node[p]
     node[leaf] = value
-    with pytest.raises(ConfigValueError, match=needle.replace(".", r"\.")):
+    with pytest.raises(ConfigValueError, match=re.escape(needle)):
         validate_aadet_config(cfg)
 
 
@@ -102,6 +107,9 @@ def test_key_typo_on_the_command_line_names_the_nearest_key():
     needle = "SOLVER.BASE_LRR on the command line; did you mean SOLVER.BASE_LR?"
     with pytest.raises(UnknownConfigKeyError, match=re.escape(needle)):
         load_config("", ["SOLVER.BASE_LRR", "0.1"])
+    needle = "MODEL.HALO.HALO_SZE on the command line; did you mean MODEL.HALO.HALO_SIZE?"
+    with pytest.raises(UnknownConfigKeyError, match=re.escape(needle)):
+        load_config("", ["MODEL.HALO.HALO_SZE", "3"])
     with pytest.raises(UnknownConfigKeyError, match="FOO.BAR on the command line; no existing key is close"):
         load_config("", ["FOO.BAR", "1"])
     with pytest.raises(AssertionError, match="odd length"):  # other yacs errors pass through
@@ -119,7 +127,7 @@ def test_similar_config_keys():
 
 
 def _owned_lists():
-    from aadet.layers import LOCAL_ATTENTION_BACKENDS, SASA_POSITIONAL_ENCODINGS
+    from aadet.layers import HALO_ATTENTION_BACKENDS, LOCAL_ATTENTION_BACKENDS, SASA_POSITIONAL_ENCODINGS
     from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, P6P7_SOURCES
     from aadet.modeling.backbone.resnet_stages import STAGE_NAMES
     from aadet.modeling.meta_arch.retinanet import RETINANET_HEAD_REGISTRY
@@ -131,6 +139,8 @@ def _owned_lists():
         "MODEL.FPN.P6P7_SOURCE": f"one of {P6P7_SOURCES}",
         "MODEL.RETINANET.HEAD_NAME": f"one of {tuple(sorted(n for n, _ in RETINANET_HEAD_REGISTRY))}",
         "MODEL.AA.DOWNSAMPLE_STAGES": f"a subset of {STAGE_NAMES}",
+        "MODEL.HALO.IMPL": f"one of {HALO_ATTENTION_BACKENDS.impls()}",
+        "MODEL.HALO.STAGES": f"a subset of {STAGE_NAMES}",
     }
 
 
@@ -144,12 +154,16 @@ def _owned_lists():
         ("MODEL.FPN.P6P7_SOURCE", "c5", "built"),
         ("MODEL.RETINANET.HEAD_NAME", "FCOSHead", "built"),
         ("MODEL.AA.DOWNSAMPLE_STAGES", ("res1",), "built"),
+        ("MODEL.HALO.IMPL", "unfold", "validated"),
+        ("MODEL.HALO.STAGES", ("res6",), "built:configs/Demo/trees_Halo_R_26_slim_FPN.yaml"),
     ],
 )
 def test_error_names_key_allowed_range_and_value(key, value, when):
     """The message has all three parts; the allowed lists are their owners' (the layers', the
     registries', the builders'), read when the check runs."""
     demo = "configs/Demo/trees_AA_R_26_slim_FPN.yaml"
+    if when.startswith("built:"):
+        when, demo = when.split(":")
     if when == "validated":
         cfg = get_aadet_cfg()
         cfg.merge_from_list([key, value])
@@ -171,7 +185,8 @@ def test_error_names_key_allowed_range_and_value(key, value, when):
 def test_allowed_values_come_from_their_owners():
     """The config accepts exactly what the layers and the route registries do."""
     from aadet.layers import (
-        AA_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS,
+        AA_POSITIONAL_ENCODINGS, HALO_ATTENTION_BACKENDS, HALO_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_BACKENDS,
+        LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS,
     )
 
     def accepted(key, candidates):
@@ -194,6 +209,10 @@ def test_allowed_values_come_from_their_owners():
     sasa, aa = LOCAL_ATTENTION_BACKENDS.impls(), LOGIT_TABLE_BACKENDS.impls()
     assert accepted("MODEL.SASA.IMPL", list(sasa) + junk) == list(sasa)
     assert accepted("MODEL.AA.IMPL", list(aa) + junk) == list(aa)
+    halo = HALO_ATTENTION_BACKENDS.impls()
+    assert accepted("MODEL.HALO.IMPL", list(halo) + junk) == list(halo)
+    assert accepted("MODEL.HALO.POSITIONAL_ENCODING", list(HALO_POSITIONAL_ENCODINGS) + ["sine2d"] + junk) \
+        == list(HALO_POSITIONAL_ENCODINGS)
 
 
 def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
@@ -209,6 +228,24 @@ def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
     monkeypatch.setattr(LocalSelfAttention2d, "__signature__", changed, raising=False)
     cfg = get_aadet_cfg()
     assert cfg.MODEL.SASA.KERNEL_SIZE == 5
+
+
+def test_halo_keys_are_the_layers_defaults_the_papers_values(monkeypatch):
+    """MODEL.HALO.* default to HaloSelfAttention2d's signature, which holds HaloNet's values
+    (b = 8, h = 3, 8 heads); a changed signature changes the config."""
+    from aadet.config import layer_defaults
+    from aadet.layers import HaloSelfAttention2d
+
+    ha = get_aadet_cfg().MODEL.HALO
+    assert (ha.BLOCK_SIZE, ha.HALO_SIZE, ha.NUM_HEADS, ha.POSITIONAL_ENCODING, ha.IMPL) == (8, 3, 8, "relative", "auto")
+    defaults = layer_defaults(HaloSelfAttention2d)
+    assert [defaults[k] for k in ("block_size", "halo_size", "num_heads")] == [8, 3, 8]
+    signature = inspect.signature(HaloSelfAttention2d)
+    changed = signature.replace(parameters=[
+        p.replace(default=2) if p.name == "halo_size" else p for p in signature.parameters.values()
+    ])
+    monkeypatch.setattr(HaloSelfAttention2d, "__signature__", changed, raising=False)
+    assert get_aadet_cfg().MODEL.HALO.HALO_SIZE == 2
 
 
 def test_a_newly_registered_spatial_layer_is_accepted():

@@ -59,7 +59,7 @@ def test_every_trainable_yaml_has_its_twin():
         if os.sep + "common" + os.sep not in p
     }
     assert twins == {os.path.relpath(_twin(c), REPO) for c in YAMLS}
-    assert len(YAMLS) == 15
+    assert len(YAMLS) == 17  # 12 COCO (11 paper rows + HaloNet) and 5 demos
 
 
 @pytest.mark.parametrize("config", YAMLS)
@@ -278,7 +278,7 @@ def test_tools_read_the_same_settings_from_either(config):
         k: v for k, v in vars(twin).items() if k not in skip
     }
     by_kind = {kind: route for kind, route in ours.attention_routes.values()}
-    attention = any(w in os.path.basename(config).lower() for w in ("aa_", "sasa"))
+    attention = any(w in os.path.basename(config).lower() for w in ("aa_", "sasa", "halo"))
     assert bool(twin.attention_routes) == attention, "the attention models' routes are checked"
     for key, (kind, route) in twin.attention_routes.items():
         assert route == by_kind[kind], key
@@ -296,6 +296,10 @@ def test_export_check_names_the_lazy_key():
                             ["model.backbone.bottom_up.attention.impl=cpp"])
     with pytest.raises(ConfigValueError, match=r"model\.(backbone|head)\..*impl"):
         check_exportable(full, "onnx")  # the FPN's and head's routes follow the backbone's
+    halo = load_lazy_config(_twin("configs/Demo/trees_Halo_R_26_slim_FPN.yaml"),
+                            ["model.backbone.bottom_up.attention.impl=cpp"])
+    with pytest.raises(ConfigValueError, match=r"model\.backbone\.bottom_up\.attention\.impl.*materialized"):
+        check_exportable(halo, "onnx")  # a halo route, checked against the halo registry
 
 
 def test_predictor_gives_the_same_detections_from_either(tmp_path):

@@ -7,16 +7,18 @@ import torch
 from aadet.config import ConfigValueError, validate_aadet_config
 from aadet.engine import get_aadet_cfg
 from aadet.export import check_exportable
-from aadet.layers import AugmentedConv2d, LocalSelfAttention2d
-from aadet.layers.functional import LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, Route
+from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
+from aadet.layers.functional import HALO_ATTENTION_BACKENDS, LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, Route
 
 CASES = [
     (LOGIT_TABLE_BACKENDS, "MODEL.AA.IMPL", lambda impl: AugmentedConv2d(8, 16, num_heads=2, impl=impl)),
     (LOCAL_ATTENTION_BACKENDS, "MODEL.SASA.IMPL", lambda impl: LocalSelfAttention2d(8, 16, 3, 2, impl=impl)),
+    (HALO_ATTENTION_BACKENDS, "MODEL.HALO.IMPL",
+     lambda impl: HaloSelfAttention2d(8, 16, block_size=2, halo_size=1, num_heads=2, impl=impl)),
 ]
 
 
-@pytest.mark.parametrize("routes,key,layer", CASES, ids=["AA", "SASA"])
+@pytest.mark.parametrize("routes,key,layer", CASES, ids=["AA", "SASA", "Halo"])
 def test_a_registered_route_appears_everywhere(routes, key, layer):
     name = "test_dummy_route"
     materialized = routes["materialized"]
@@ -49,12 +51,14 @@ def test_a_registered_route_appears_everywhere(routes, key, layer):
 
 
 def test_route_lists():
-    for routes in (LOGIT_TABLE_BACKENDS, LOCAL_ATTENTION_BACKENDS):
+    for routes in (LOGIT_TABLE_BACKENDS, LOCAL_ATTENTION_BACKENDS, HALO_ATTENTION_BACKENDS):
         assert routes.impls() == ("auto",) + tuple(routes)
         assert routes.exportable() == ("auto", "materialized")
         assert all(isinstance(r, Route) and r.summary for r in routes.values())
+    import aadet.layers.functional.halo_attention as halo
     import aadet.layers.functional.local_attention as sasa
     import aadet.layers.functional.logit_tables as aa
 
     assert LOCAL_ATTENTION_BACKENDS.describe() in sasa.__doc__
     assert LOGIT_TABLE_BACKENDS.describe() in aa.__doc__
+    assert HALO_ATTENTION_BACKENDS.describe() in halo.__doc__

@@ -73,6 +73,7 @@ ARCHS = [
     pytest.param("trees_AA_R_26_slim_FPN.yaml", id="AA"),
     pytest.param("trees_SASA_R_26_slim_FPN.yaml", id="SASA", marks=pytest.mark.slow),
     pytest.param("trees_SASA_full_attention_R_26_slim.yaml", id="SASA-full", marks=pytest.mark.slow),
+    pytest.param("trees_Halo_R_26_slim_FPN.yaml", id="Halo", marks=pytest.mark.slow),
 ]
 
 
@@ -118,6 +119,9 @@ def test_export_errors_name_the_key(tmp_path):
     cfg = load_config(os.path.join(DEMO, "trees_AA_R_26_slim_FPN.yaml"), ["MODEL.AA.IMPL", "cpp"])
     with pytest.raises(ConfigValueError, match="MODEL.AA.IMPL.*'auto', 'materialized'.*'cpp'"):
         check_exportable(cfg, "torchscript")
+    cfg = load_config(os.path.join(DEMO, "trees_Halo_R_26_slim_FPN.yaml"), ["MODEL.HALO.IMPL", "bmm"])
+    with pytest.raises(ConfigValueError, match="MODEL.HALO.IMPL.*'auto', 'materialized'.*'bmm'"):
+        check_exportable(cfg, "onnx")
     cfg = load_config(os.path.join(DEMO, "trees_R_26_slim_FPN.yaml"))
     with pytest.raises(ValueError, match=r"opset must be in \[13, 20\].*got 9"):
         check_exportable(cfg, "onnx", 9)

@@ -1,7 +1,7 @@
 """The C++ CPU kernels' build and fallback (:mod:`aadet.layers.functional.backends.cpu_kernels`):
 without a compiler, or switched off, ``auto`` takes each kernel's pure-PyTorch route and gives the
 same result, and naming ``impl="cpp"`` says why the kernel is missing. Each kernel's exactness:
-test_sasa_cpp.py, test_aa_cpp.py."""
+test_sasa_cpp.py, test_aa_cpp.py, test_halo_attention.py."""
 import os
 import subprocess
 import sys
@@ -28,6 +28,13 @@ _SCRIPTS = {
         route = auto(q)
         fn = lambda impl: relative_self_attention_2d(q, q, q, rh, rw, impl=impl)
     """),
+    "halo": ("bmm", """
+        from aadet.layers.functional import halo_attention_2d
+        from aadet.layers.functional.halo_attention import auto_halo_attention_impl as auto
+        q, rh, rw = torch.randn(1, 2, 5, 6, 4), torch.randn(5, 2), torch.randn(5, 2)
+        route = auto(q)
+        fn = lambda impl: halo_attention_2d(q, q, q, rh, rw, 2, 1, impl=impl)
+    """),
 }
 _REPORT = """
     print("auto:", route)
@@ -37,6 +44,10 @@ _REPORT = """
     except RuntimeError as e:
         print("cpp:", e)
 """
+
+
+def test_every_kernel_has_a_fallback_script():
+    assert set(_SCRIPTS) == set(KERNELS)
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ runs them and puts the result in its report). Skipped on a machine without CUDA.
   pixel-by-pixel float64 brute force of ``aadet/layers/functional/reference.py``, run on the GPU
   (``torch.device("cuda")`` as the default device), with the same output cotangent for the
   gradients of ``q``, ``k``, ``v`` and the relative tables.
-* layers: ``AugmentedConv2d`` and ``LocalSelfAttention2d`` (every route) and
-  ``SpatiallyAwareAttentionStem`` (factorized and projected routes) on CUDA against a float64
+  HaloNet's ``halo_attention_2d`` has its CUDA rows in ``test_halo_attention.py`` (same marker).
+* layers: ``AugmentedConv2d``, ``LocalSelfAttention2d`` and ``HaloSelfAttention2d`` (every
+  route) and ``SpatiallyAwareAttentionStem`` (factorized and projected routes) on CUDA against a float64
   copy of the same layer on the GPU (whose routes the float64 rows above and the CPU tests tie
   to the brute force): output, input gradient and every parameter gradient.
 
@@ -30,6 +31,7 @@ import torch
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.augmented_conv import AugmentedConv2d
 from aadet.layers.functional import (
+    HALO_ATTENTION_BACKENDS,
     LOCAL_ATTENTION_BACKENDS,
     LOGIT_TABLE_BACKENDS,
     block_self_attention_2d,
@@ -41,6 +43,7 @@ from aadet.layers.functional.reference import (
     local_self_attention_2d_reference,
     relative_self_attention_2d_reference,
 )
+from aadet.layers.halo_attention import HaloSelfAttention2d
 from aadet.layers.local_attention import LocalSelfAttention2d
 
 pytestmark = [
@@ -65,7 +68,7 @@ NO_FLOAT64 = ("triton", "flex")
 def route_cases(impls, precisions):
     """``(impl, precision)`` for every registered route that runs on CUDA and every precision,
     less float64 on the float32 kernels."""
-    cpu_only = {i for routes in (LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS)
+    cpu_only = {i for routes in (LOCAL_ATTENTION_BACKENDS, LOGIT_TABLE_BACKENDS, HALO_ATTENTION_BACKENDS)
                 for i, route in routes.items() if not route.cuda}
     return [pytest.param(i, p, id=f"{i}-{p}") for i in impls for p in precisions
             if not (p == "fp64" and i in NO_FLOAT64) and i not in cpu_only]
@@ -213,6 +216,14 @@ def test_augmented_conv2d(impl, stride, downsample, precision):
 def test_local_self_attention2d(impl, stride, precision):
     torch.manual_seed(0)
     layer = LocalSelfAttention2d(16, 32, kernel_size=7, num_heads=4, stride=stride, block_size=4, impl=impl)
+    _check_layer(layer, (2, 16, 13, 11), precision)
+
+
+@pytest.mark.parametrize("impl,precision", route_cases(HALO_ATTENTION_BACKENDS.impls()[1:], LAYER_PRECISIONS))
+@pytest.mark.parametrize("stride", [1, 2])
+def test_halo_self_attention2d(impl, stride, precision):
+    torch.manual_seed(0)
+    layer = HaloSelfAttention2d(16, 32, block_size=4, halo_size=2, num_heads=4, stride=stride, impl=impl)
     _check_layer(layer, (2, 16, 13, 11), precision)
 
 

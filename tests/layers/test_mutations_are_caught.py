@@ -2,26 +2,29 @@
 
 ``tests/helpers/broken_attention.py`` breaks the attention of a whole model (the mutations behind
 the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
-that computes attention -- the SASA layer, the AA layer and SASA's spatially-aware stem (both of
-its routes) -- and the module's output is compared with its float64 brute-force composition, the
-comparison the exactness tests make: correct, they agree to rounding; broken, by far more. So the
-harness reaches every module, and each mutation is a bug the exactness tests would catch.
+that computes attention -- the SASA layer, the HaloNet layer (strided: attention downsampling),
+the AA layer and SASA's spatially-aware stem (both of its routes) -- and the module's output is
+compared with its float64 brute-force composition, the comparison the exactness tests make:
+correct, they agree to rounding; broken, by far more. So the harness reaches every module, and
+each mutation is a bug the exactness tests would catch.
 """
 import pytest
 import torch
 
-from aadet.layers import AugmentedConv2d, LocalSelfAttention2d
+from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 
 from tests.helpers.broken_attention import MUTATIONS, break_attention
 from tests.layers.test_attention_stem import reference_stem
 from tests.layers.test_augmented_conv import reference_forward as reference_aa
+from tests.layers.test_halo_layer import brute_force as reference_halo
 from tests.layers.test_local_attention import _manual_layer as reference_sasa
 
 D = torch.float64
 #: module kind -> (float64 module, its brute-force composition); the stem in both of its routes.
 MODULES = {
     "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3), reference_sasa),
+    "halo": (lambda: HaloSelfAttention2d(6, 8, block_size=4, halo_size=1, num_heads=2, stride=2), reference_halo),
     "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
     "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm=""), reference_stem),
     "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm=""), reference_stem),

@@ -208,6 +208,28 @@ def test_benchmark_layers_ratios():
     assert "| 80x80, C=128 | core, naive (full logits + rel_to_abs) | big |" in md
 
 
+def test_benchmark_layers_halo_ratios_and_table():
+    """HaloNet's suite: each route against the 3x3 conv and the SASA layer of the same size."""
+    benchmark_layers = load_tool("benchmark_layers")
+
+    def case(impl, median, cpu, peak):
+        return dict(suite="halo", kind="layer", impl=impl, side=40, channels=256, **_timed(median, cpu, peak))
+
+    results = [case("cpp", 3.0, 3.0, 40), case("conv3x3", 2.0, 2.0, 10), case("sasa", 6.0, 4.0, 80),
+               case("fused", 1.0, 1.0, 20)]
+    benchmark_layers.add_ratios(results)
+    assert results[0]["ratios"] == {
+        "conv3x3": {"time": 1.5, "cpu_time": 1.5, "peak_mem": 4.0},
+        "sasa": {"time": 0.5, "cpu_time": 0.75, "peak_mem": 0.5},
+    }
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    md = render_layer_tables(dict(device="cpu", batch=1, amp=False, iters=3, warmup=1, env=env,
+                                  reference_check={"sasa": 1e-12}, results=results))
+    assert "**HaloNet: HaloSelfAttention2d (b 8, h 3, 8 heads) vs 3x3 conv and SASA (k 7)**" in md
+    assert "| 40x40, C=256 | HaloSelfAttention2d, ours (C++ kernel) | 3000.0 | 3000.0 | 1.50 | 0.50 |" in md
+    assert "| 40x40, C=256 | HaloSelfAttention2d, ours (fused SDPA) | 1000.0 | 1000.0 | 0.50 | 0.17 |" in md
+
+
 @pytest.mark.parametrize("tool", ["benchmark", "benchmark_layers"])
 def test_tools_take_amp_dtype(tool, capsys):
     """``--amp-dtype`` offers exactly the allowed values; a bad one is refused by name."""
@@ -250,6 +272,19 @@ def test_layer_benchmark_case_runs(impl):
     aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
     assert {"triton", "flex"} <= aa_core
     case = dict(suite="sasa", kind="layer", impl=impl, side=20, channels=256)
+    spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
+    r = tool.run_case(spec)
+    assert r["median_s"] > 0 and r["peak_bytes"] >= 0
+
+
+@pytest.mark.parametrize("impl", ["cpp", "sasa"])
+def test_layer_benchmark_halo_case_runs(impl):
+    tool = load_tool("benchmark_layers")
+    assert [c["impl"] for c in tool.plan_cases(["halo"], [20], 1, 0)] == [
+        "cpp", "bmm", "materialized", "fused", "sasa", "conv3x3"]
+    assert [c["impl"] for c in tool.plan_cases(["halo"], [20], 1, 0, cuda=True)] == [
+        "fused", "materialized", "sasa", "conv3x3"]
+    case = dict(suite="halo", kind="layer", impl=impl, side=12, channels=16)
     spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
     r = tool.run_case(spec)
     assert r["median_s"] > 0 and r["peak_bytes"] >= 0

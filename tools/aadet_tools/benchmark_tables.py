@@ -2,7 +2,7 @@
 print and what ``tools/update_docs.py`` renders into BENCHMARKS.md from the committed runs.
 
 * :func:`render_model_table`: ``tools/benchmark.py`` (training step and inference of configs);
-* :func:`render_layer_tables`: ``tools/benchmark_layers.py`` (the AA and SASA layers);
+* :func:`render_layer_tables`: ``tools/benchmark_layers.py`` (the AA, SASA and HaloNet layers);
 * :func:`render_profile_parts`, :func:`render_profile_ops`: ``tools/profile_step.py`` (where a
   training step spends its time);
 * :func:`spread_line`: the spread of the timed iterations of a run.
@@ -111,12 +111,18 @@ _LABELS = {
     ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
     ("sasa", "layer", "unfold"): "naive unfold attention",
     ("sasa", "layer", "conv3x3"): "3x3 conv",
+    ("halo", "layer", "cpp"): "HaloSelfAttention2d, ours (C++ kernel)",
+    ("halo", "layer", "bmm"): "HaloSelfAttention2d, ours (bmm)",
+    ("halo", "layer", "materialized"): "HaloSelfAttention2d, ours (materialized)",
+    ("halo", "layer", "fused"): "HaloSelfAttention2d, ours (fused SDPA)",
+    ("halo", "layer", "sasa"): "LocalSelfAttention2d k 7, auto",
+    ("halo", "layer", "conv3x3"): "3x3 conv",
 }
 
 
 def render_layer_tables(report: dict) -> str:
     """``tools/benchmark_layers.py``'s report: one markdown table per suite (AA: ratios to the naive
-    implementation; SASA: to a 3x3 conv and to ``unfold``)."""
+    implementation; SASA: to a 3x3 conv and to ``unfold``; HaloNet: to a 3x3 conv and to SASA)."""
     out = [
         header_line(report, peak_memory_meaning(report["device"]))
         + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
@@ -124,7 +130,7 @@ def render_layer_tables(report: dict) -> str:
         "max abs diff naive vs ours): "
         f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
     ]
-    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold"))):
+    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold")), ("halo", ("conv3x3", "sasa"))):
         rows = []
         for r in report["results"]:
             if r.get("suite") != suite:
@@ -142,11 +148,11 @@ def render_layer_tables(report: dict) -> str:
             rows.append(row)
         if not rows:
             continue
-        title = (
-            "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)"
-            if suite == "aa"
-            else "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold"
-        )
+        title = {
+            "aa": "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)",
+            "sasa": "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold",
+            "halo": "HaloNet: HaloSelfAttention2d (b 8, h 3, 8 heads) vs 3x3 conv and SASA (k 7)",
+        }[suite]
         headers = (
             ["Map, width", "Implementation", "fwd+bwd ms", "CPU ms"]
             + [f"time × {n}" for n in refs]

@@ -12,9 +12,13 @@ implementation is tested (float64-exact) and benchmarked against.
   :data:`~.logit_tables.LOGIT_TABLE_BACKENDS`).
 * SASA, local attention: :func:`local_self_attention_2d` (:mod:`.local_attention`, registry
   :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`).
+* HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`, registry
+  :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`); with ``block_size=1`` it is SASA's.
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
+  :func:`halo_attention_probs_2d` (HaloNet),
+  :func:`halo_attention_probs_2d` (HaloNet),
   :func:`relative_attention_weights_2d` (AA, selected queries), :func:`block_attention_probs`
   (stem).
 
@@ -22,7 +26,8 @@ Each registry (a :class:`~.dispatch.RouteRegistry` of :class:`~.dispatch.Route`)
 of its routes: the allowed ``impl`` values (``"auto"`` and the route names, checked by
 :meth:`~.dispatch.RouteRegistry.check` in the layers and the config), the routes that export,
 and the route lists in the front ends' docstrings and in error messages are all read from it.
-``"auto"`` is resolved by ``auto_local_attention_impl`` / ``auto_logit_table_impl``.
+``"auto"`` is resolved by ``auto_local_attention_impl`` / ``auto_halo_attention_impl`` /
+``auto_logit_table_impl``.
 
 Adding an implementation is one file and one registry entry. For a local-attention kernel,
 write ``functional/backends/sasa_<name>.py`` with ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
@@ -53,6 +58,11 @@ from .blocks import (  # noqa: F401
     map_to_blocks,
 )
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting  # noqa: F401
+from .halo_attention import (  # noqa: F401
+    HALO_ATTENTION_BACKENDS,
+    halo_attention_2d,
+    halo_attention_probs_2d,
+)
 from .local_attention import (  # noqa: F401
     LOCAL_ATTENTION_BACKENDS,
     local_attention_probs_2d,

@@ -24,6 +24,8 @@ __all__ = [
     "check_block_map",
     "check_block_size",
     "check_grid_width",
+    "check_halo_attention",
+    "check_halo_size",
     "check_in",
     "check_int",
     "check_kernel_size",
@@ -37,6 +39,7 @@ __all__ = [
     "check_qkv",
     "check_query_chunk",
     "check_query_positions",
+    "check_query_stride",
     "check_relative_embedding",
     "check_relative_qk",
     "check_relative_v",
@@ -256,6 +259,66 @@ def check_block_map(q, k, v, rel_h, rel_w, block_size) -> None:
         raise ValueError(
             f"rel_h/rel_w must have 2 * block_size - 1 = {2 * block_size - 1} rows; got {rel_h.shape[0]}"
         )
+
+
+# ----------------------------------------------------------------------------- HaloNet
+def check_halo_size(halo_size, name: str = "halo_size", error: ErrorFactory = argument_error) -> None:
+    """HaloNet's halo ``h``: the rows/columns of keys around a query block, an integer >= 0."""
+    check_int(halo_size, name, 0, error)
+
+
+def check_query_stride(
+    query_stride, block_size: int, name: str = "query_stride", error: ErrorFactory = argument_error
+) -> None:
+    """HaloNet's attention downsampling: an integer >= 1 dividing ``block_size`` (each block
+    holds ``block_size // query_stride`` queries a side)."""
+    check_positive_int(query_stride, name, error)
+    if block_size % query_stride:
+        raise error(
+            name, f"a divisor of block_size={block_size} (a block holds block_size // "
+            f"{name} queries a side)", query_stride,
+        )
+
+
+def check_halo_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_h: Optional[torch.Tensor],
+    rel_w: Optional[torch.Tensor],
+    block_size,
+    halo_size,
+    query_stride=1,
+) -> int:
+    """The arguments of HaloNet's blocked attention (``halo_attention_2d``): ``block_size >= 1``,
+    ``halo_size >= 0``, ``query_stride`` dividing ``block_size``; ``k [B, Nh, H, W, d]`` with
+    ``H, W, d >= 1``, ``v [B, Nh, H, W, dv]``, ``q [B, Nh, ceil(H/s), ceil(W/s), d]`` (``s =
+    query_stride``; ``k``'s shape for ``s = 1``); ``rel_h [2(b + h) - 1, d//2]`` and ``rel_w
+    [2(b + h) - 1, d - d//2]`` or both None. Returns the embedding rows ``2(b + h) - 1``."""
+    check_block_size(block_size)
+    check_halo_size(halo_size)
+    check_query_stride(query_stride, block_size)
+    if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
+        raise ValueError(
+            "q, k, v must be [B, Nh, H, W, d]; got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, nh, h, w, d = k.shape
+    if h < 1 or w < 1 or d < 1:
+        raise ValueError(f"k must be [B, Nh, H, W, d] with H, W, d >= 1; got {tuple(k.shape)}")
+    s = query_stride
+    want = (b, nh, -(-h // s), -(-w // s), d)
+    if tuple(q.shape) != want:
+        where = "k's shape" if s == 1 else f"[B, Nh, ceil(H/{s}), ceil(W/{s}), d] for query_stride={s}"
+        raise ValueError(f"q must be {where} = {want} (k is {tuple(k.shape)}); got {tuple(q.shape)}")
+    check_qkv(k, k, v, rel_h, rel_w)  # v on k's map; the embeddings split d as SASA's
+    rows = 2 * (block_size + halo_size) - 1
+    if rel_h is not None and rel_h.shape[0] != rows:
+        raise ValueError(
+            f"rel_h/rel_w must have 2 * (block_size + halo_size) - 1 = {rows} rows; got "
+            f"{rel_h.shape[0]}"
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------- AA

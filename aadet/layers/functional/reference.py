@@ -15,6 +15,9 @@ used by the layers.
   ``k x k`` keys and values copied, ``k^2`` times the map).
 * SASA stem (Sec. 3.2): :func:`block_self_attention_2d_reference`, pixel by pixel within
   non-overlapping ``b x b`` blocks.
+* HaloNet blocked local attention (Vaswani et al. 2021, Sec. 2.2, Figure 1):
+  :func:`halo_attention_2d_reference`, pixel by pixel over the in-map part of each block's
+  haloed window, strided queries (attention downsampling) included.
 
 The pixel-loop references compute in float64 and return float64 (gradients flow through them);
 the vectorized ones compute in their inputs' dtype. Shapes and offset conventions are those of
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "block_self_attention_2d_reference",
+    "halo_attention_2d_reference",
     "local_self_attention_2d_reference",
     "local_self_attention_2d_unfold",
     "paper_rel_to_abs",
@@ -200,4 +204,37 @@ def block_self_attention_2d_reference(q, k, v, rel_h, rel_w, block_size):
                 values.append(v[bi, n, yy, xx].double())
         p = torch.softmax(torch.stack(logits), 0)
         out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
+    return out
+
+
+# ----------------------------------------------------------------------------- HaloNet
+def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride=1):
+    """HaloNet's blocked local attention pixel by pixel in float64.
+
+    The query at ``(y', x')`` of the ``[ceil(H/s), ceil(W/s)]`` output grid (``s = query_stride``)
+    sits at input pixel ``(y, x) = (s y', s x')``; it attends to the in-map keys ``(a, c)`` of its
+    block's window, rows ``[y // b * b - h, y // b * b + b + h)`` and columns likewise, with
+    ``logit = q . k + q[:d//2] . rel_h[a - y + b + h - 1] + q[d//2:] . rel_w[c - x + b + h - 1]``
+    (``b = block_size``, ``h = halo_size``; ``rel_h``/``rel_w`` both None: content only).
+    """
+    bs, hs, s = block_size, halo_size, query_stride
+    bsz, nh, ho, wo, d = q.shape
+    h, w = k.shape[2], k.shape[3]
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(bsz, nh, ho, wo, v.shape[-1], dtype=D)
+    for bi, n, yo, xo in itertools.product(range(bsz), range(nh), range(ho), range(wo)):
+        y, x = s * yo, s * xo
+        y0, x0 = y // bs * bs, x // bs * bs
+        qi = q[bi, n, yo, xo]
+        logits, values = [], []
+        for a in range(max(0, y0 - hs), min(h, y0 + bs + hs)):
+            for c in range(max(0, x0 - hs), min(w, x0 + bs + hs)):
+                logit = qi @ k[bi, n, a, c]
+                if rel_h is not None:
+                    logit = logit + qi[: d // 2] @ rel_h[a - y + bs + hs - 1].double()
+                    logit = logit + qi[d // 2:] @ rel_w[c - x + bs + hs - 1].double()
+                logits.append(logit)
+                values.append(v[bi, n, a, c])
+        p = torch.softmax(torch.stack(logits), 0)
+        out[bi, n, yo, xo] = (p[:, None] * torch.stack(values)).sum(0)
     return out

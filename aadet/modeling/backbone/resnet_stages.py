@@ -63,13 +63,15 @@ BASIC_DEPTHS = (18, 34)  # BasicBlock (two 3x3) networks; the others use bottlen
 class ResNetStage:
     """What a block-choosing callback knows about one stage.
 
-    ``stride`` is the output stride of the stage (4, 8, 16, 32; 16 for a dilated res5);
+    ``stride`` is the output stride of the stage (4, 8, 16, 32; 16 for a dilated res5),
+    ``first_stride`` the stride of its first block (1 for res2 and a dilated res5, else 2);
     ``bottleneck_channels`` is 0 for BasicBlock networks.
     """
 
     name: str  # "res2" .. "res5"
     index: int  # 0 .. 3
     stride: int
+    first_stride: int
     in_channels: int
     out_channels: int
     bottleneck_channels: int
@@ -194,6 +196,7 @@ def build_resnet(
             name=name,
             index=idx,
             stride=current_stride,
+            first_stride=first_stride,
             in_channels=in_channels,
             out_channels=out_channels,
             bottleneck_channels=0 if basic else bottleneck_channels,

@@ -1,5 +1,6 @@
 """Building the C++ CPU kernels under ``csrc/`` (SASA's :mod:`.sasa_cpp`, AA's
-:mod:`.logit_tables_cpp`): compiled on first use, cached, and a clean fallback where they cannot be.
+:mod:`.logit_tables_cpp`, HaloNet's :mod:`.halo_cpp`): compiled on first use, cached, and a clean
+fallback where they cannot be.
 
 Each kernel is one source file (plus the shared header ``csrc/cpu_simd.h``) compiled by
 :func:`torch.utils.cpp_extension.load` with g++ and ninja, optimized for the CPU it runs on
@@ -124,10 +125,12 @@ class CppKernel:
         return ext
 
 
-#: Every C++ kernel: SASA's (:mod:`.sasa_cpp`) and AA's (:mod:`.logit_tables_cpp`).
+#: Every C++ kernel: SASA's (:mod:`.sasa_cpp`), AA's (:mod:`.logit_tables_cpp`), HaloNet's
+#: (:mod:`.halo_cpp`).
 KERNELS: Dict[str, CppKernel] = {
     "sasa": CppKernel("sasa_cpu.cpp", "SASA C++ kernel", fallback="neighborhood"),
     "aa": CppKernel("aa_cpu.cpp", "AA C++ kernel", fallback="fused"),
+    "halo": CppKernel("halo_cpu.cpp", "HaloNet C++ kernel", fallback="bmm"),
 }
 
 

@@ -1,0 +1,124 @@
+"""HaloNet attention in a C++ kernel, block by block in cache: the ``"cpp"`` route (the CPU default
+where the kernel builds).
+
+Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` with
+``csrc/halo_cpu.cpp``: per block, the queries, the keys and values of its window (clipped to the
+map: keys outside it are never scored) are copied into a small buffer, and the logits ``Q K^T``
+plus the position terms, the softmax and ``P V`` are computed there with BLAS gemm's and a
+vectorized exp, so the ``(b + 2h)^2`` logits of a query never reach memory. Backward recomputes
+them from the saved log-sum-exp (flash attention's trick), so what is kept for backward is
+``q, k, v`` (the channels-first maps the layer's projections give: no copy), the output and one
+log-sum-exp per query -- not the ``[Pq, L]`` probabilities the PyTorch routes store.
+
+The position terms enter as per-pixel maps ``RH = q[:d//2] . rel_h``, ``RW = q[d//2:] . rel_w``
+(``[N, 2(b + h) - 1, Ho, Wo]``, two small matmuls here, as for SASA's C++ kernel); the kernel
+returns their gradients, from which the embeddings' and ``q``'s share follow by the same
+matmuls. Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) with autocast
+off, or float64 for float64 inputs (the exactness tests); output in ``v``'s dtype.
+
+Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
+cannot be built, :func:`available` is False, ``impl="auto"`` takes ``"bmm"`` (one warning) and
+``impl="cpp"`` raises with the build error. A custom autograd Function does not export: under
+tracing/export ``impl="auto"`` takes ``"materialized"``.
+"""
+from typing import Optional
+
+import torch
+
+from .cpu_kernels import KERNELS
+
+__all__ = ["KERNEL", "available", "build", "build_error", "cpp_halo_attention"]
+
+#: The kernel (built on first use: :mod:`.cpu_kernels`).
+KERNEL = KERNELS["halo"]
+
+
+def build(verbose: bool = False):
+    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
+    return KERNEL.build(verbose)
+
+
+def available() -> bool:
+    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
+    return KERNEL.available()
+
+
+def build_error() -> Optional[str]:
+    """Why the kernel is unavailable (None if it is available or was not tried)."""
+    return KERNEL.build_error()
+
+
+def _position_maps(q: torch.Tensor, rel_h: Optional[torch.Tensor], rel_w: Optional[torch.Tensor]):
+    """``RH [N, R, Ho, Wo] = q[:, :d//2] . rel_h``, ``RW`` likewise, for channels-first ``q [N, d,
+    Ho, Wo]`` (empty tensors without embeddings)."""
+    if rel_h is None:
+        empty = q.new_empty(0)
+        return empty, empty
+    dr = q.shape[1] // 2
+    rh = torch.einsum("ndyx,rd->nryx", q[:, :dr], rel_h).contiguous()
+    rw = torch.einsum("ndyx,rd->nryx", q[:, dr:], rel_w).contiguous()
+    return rh, rw
+
+
+class _HaloCpp(torch.autograd.Function):
+    """Channels-first: ``q [N, d, Ho, Wo]``, ``k [N, d, H, W]``, ``v [N, dv, H, W]``,
+    ``rel_h``/``rel_w`` or None -> ``[N, dv, Ho, Wo]`` (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
+        ext = KERNEL.extension("cpp")
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
+        ct = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(device_type="cpu", enabled=False):
+            q, k, v = (t.to(ct).contiguous() for t in (q, k, v))
+            if rel_h is not None:
+                rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
+            rh, rw = _position_maps(q, rel_h, rel_w)
+            out, lse = ext.forward(q, k, v, rh, rw, block_size, halo_size, query_stride)
+        ctx.save_for_backward(q, k, v, out, lse, rel_h, rel_w)
+        ctx.geometry = (block_size, halo_size, query_stride)
+        return out.to(ctx.dtypes[2])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, rel_h, rel_w = ctx.saved_tensors
+        need_q, need_k, need_v, need_rh, need_rw = ctx.needs_input_grad[:5]
+        ext = KERNEL.extension("cpp")
+        grh = grw = None
+        with torch.autocast(device_type="cpu", enabled=False):
+            rh, rw = _position_maps(q, rel_h, rel_w)
+            go = grad_out.to(out.dtype).contiguous()
+            gq, gk, gv, g_rh, g_rw = ext.backward(
+                go, q, k, v, out, lse, rh, rw, *ctx.geometry, need_q, need_k, need_v
+            )
+            if rel_h is not None:
+                dr = q.shape[1] // 2
+                if need_q:
+                    gq[:, :dr] += torch.einsum("nryx,rd->ndyx", g_rh, rel_h)
+                    gq[:, dr:] += torch.einsum("nryx,rd->ndyx", g_rw, rel_w)
+                if need_rh:
+                    grh = torch.einsum("nryx,ndyx->rd", g_rh, q[:, :dr]).to(ctx.dtypes[3])
+                if need_rw:
+                    grw = torch.einsum("nryx,ndyx->rd", g_rw, q[:, dr:]).to(ctx.dtypes[3])
+        gq = gq.to(ctx.dtypes[0]) if need_q else None
+        gk = gk.to(ctx.dtypes[1]) if need_k else None
+        gv = gv.to(ctx.dtypes[2]) if need_v else None
+        return gq, gk, gv, grh, grw, None, None, None
+
+
+def cpp_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
+    """HaloNet attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
+    shaped as for :func:`~.halo_materialized.materialized_halo_attention`."""
+    if q.device.type != "cpu":
+        raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
+    b, nh, ho, wo, _ = q.shape
+    dv = v.shape[-1]
+
+    def channels_first(t):  # [B, Nh, H, W, c] -> [B Nh, c, H, W]: a view for the layer's maps
+        return t.permute(0, 1, 4, 2, 3).reshape(b * nh, t.shape[-1], t.shape[2], t.shape[3])
+
+    out = _HaloCpp.apply(
+        channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w,
+        block_size, halo_size, query_stride,
+    )
+    return out.view(b, nh, dv, ho, wo).permute(0, 1, 3, 4, 2)

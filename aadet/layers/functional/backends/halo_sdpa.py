@@ -1,0 +1,45 @@
+"""HaloNet attention through fused SDPA: the ``"fused"`` route (the CUDA default).
+
+Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` on the block layout
+of :mod:`.halo_blocks` as one :func:`torch.nn.functional.scaled_dot_product_attention` over all
+blocks (``[N, nblk]`` as its batch and heads, ``Pq`` queries, ``L`` window keys), with the
+position tables and the border mask as its additive float ``attn_mask``: ``row[.., p, u] +
+col[.., p, u']`` broadcast to ``[N, nblk, Pq, L]``, plus ``-inf`` for window keys outside the map.
+On CUDA the memory-efficient kernel takes such a bias with its gradient and never stores the
+softmax; on CPU SDPA runs its flash kernel without autograd and its math kernel (the
+materialized computation) when the bias needs a gradient. SDPA keeps logits and softmax in
+float32 under autocast, the bias in the inputs' dtype.
+"""
+import torch
+import torch.nn.functional as F
+
+from .halo_blocks import (
+    halo_geometry,
+    halo_key_validity,
+    halo_key_windows,
+    halo_query_blocks,
+    halo_relative_tables,
+    halo_unblock,
+)
+
+__all__ = ["sdpa_halo_attention"]
+
+
+def sdpa_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
+    """Fused SDPA with the position tables and border mask as its bias (``impl="fused"``), on
+    checked arguments shaped as for
+    :func:`~.halo_materialized.materialized_halo_attention`."""
+    geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
+    qb = halo_query_blocks(q, geo)  # [N, nblk, Pq, d]
+    kb, vb = halo_key_windows(k, geo), halo_key_windows(v, geo)  # [N, nblk, L, d / dv]
+    bias = None
+    if rel_h is not None:
+        row, col = halo_relative_tables(qb, rel_h.to(qb.dtype), rel_w.to(qb.dtype), geo)
+        bias = (row[..., :, None] + col[..., None, :]).flatten(-2)  # [N, nblk, Pq, L]
+    valid = halo_key_validity(geo, q.device)  # [nblk, L] or None
+    if valid is not None:
+        mask = torch.zeros(valid.shape, dtype=qb.dtype, device=q.device)
+        mask = mask.masked_fill(~valid, float("-inf"))[:, None, :]  # [nblk, 1, L]
+        bias = mask if bias is None else bias + mask
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=1.0)
+    return halo_unblock(out, geo)

@@ -1,0 +1,156 @@
+"""HaloNet-ResNet: the backbone on the one stage builder, parameter counts against the conv and SASA
+backbones, attention downsampling in the strided blocks, a float64 forward against the layers'
+brute force, and config errors that name their key."""
+import os
+
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import build_model
+from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, build_resnet_backbone
+from torch import nn
+
+import aadet  # noqa: F401  (backbone registrations)
+from aadet.config import ConfigValueError, add_aadet_config
+from aadet.layers import HaloSelfAttention2d
+from aadet.modeling.backbone.halo_resnet import HaloBottleneckBlock, build_halo_resnet_backbone
+
+from tests.helpers import REPO
+from tests.layers.test_halo_layer import brute_force
+
+R50_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "retinanet_R_50_FPN_scratch_150ep.yaml")
+HALO_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "halo_retinanet_R_50_FPN_scratch_150ep.yaml")
+SASA_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "sasa_convstem_retinanet_R_50_FPN_scratch_150ep.yaml")
+
+
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def small_cfg(**halo):
+    """A small HaloNet-ResNet-26 (fast on CPU): b 4, h 1, 2 heads."""
+    cfg = get_cfg()
+    add_aadet_config(cfg)
+    cfg.merge_from_file(R50_CONFIG)
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.BACKBONE.NAME = "build_retinanet_halo_resnet_fpn_backbone"
+    cfg.MODEL.RESNETS.DEPTH = 26
+    cfg.MODEL.RESNETS.NORM = "BN"
+    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS = 32
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 32
+    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = 8
+    cfg.MODEL.RESNETS.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+    cfg.MODEL.HALO.BLOCK_SIZE = 4
+    cfg.MODEL.HALO.HALO_SIZE = 1
+    cfg.MODEL.HALO.NUM_HEADS = 2
+    for key, value in halo.items():
+        setattr(cfg.MODEL.HALO, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize("depth,blocks", [(26, [1, 2, 4, 1]), (50, [3, 4, 6, 3])])
+def test_depths_and_blocks(depth, blocks):
+    cfg = small_cfg()
+    cfg.MODEL.RESNETS.DEPTH = depth
+    net = build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
+    assert [len(s) for s in net.stages] == blocks
+    assert all(isinstance(b, HaloBottleneckBlock) for s in net.stages for b in s)
+    assert not [m for m in net.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    assert isinstance(net.stem, BasicStem)
+
+
+def test_strided_blocks_downsample_by_attention_and_shapes_match_the_conv_resnet():
+    cfg = small_cfg(STAGES=("res3", "res4", "res5"))
+    cfg.MODEL.RESNETS.DEPTH = 50  # a depth Detectron2's own builder knows
+    cfg.MODEL.RESNETS.STRIDE_IN_1X1 = True  # attention blocks take the stride anyway
+    halo = build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
+    conv = build_resnet_backbone(cfg, ShapeSpec(channels=3))
+    assert halo.output_shape() == conv.output_shape()
+    assert all(type(b) is BottleneckBlock for b in halo.res2)  # res2 keeps its convs
+    first = halo.res3[0]
+    assert first.conv1.stride == (1, 1)
+    attn = first.conv2
+    assert isinstance(attn, HaloSelfAttention2d) and attn.stride == 2 and attn.query.stride == (2, 2)
+    assert attn.key.stride == attn.value.stride == (1, 1)  # keys and values at full resolution
+    assert (attn.block_size, attn.halo_size, attn.num_heads) == (4, 1, 2)
+    assert isinstance(attn.norm, nn.BatchNorm2d)
+    assert halo.res3[1].conv2.stride == 1
+    x = torch.randn(1, 3, 75, 61)
+    with torch.no_grad():
+        a, b = halo.eval()(x), conv.eval()(x)
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+    assert a["res5"].shape == (1, 256, 3, 2)
+
+
+def test_float64_forward_equals_the_layers_brute_force():
+    """The whole backbone in float64, each attention layer once through its route and once
+    through the pixel-by-pixel brute force: the same features."""
+    cfg = small_cfg()
+    torch.manual_seed(0)
+    net = build_halo_resnet_backbone(cfg, ShapeSpec(channels=3)).double().eval()
+    layers = [m for m in net.modules() if isinstance(m, HaloSelfAttention2d)]
+    assert len(layers) == 8 and sum(m.stride == 2 for m in layers) == 3
+    x = torch.randn(1, 3, 45, 38, dtype=torch.float64)
+    with torch.no_grad():
+        got = net(x)
+        for m in layers:
+            m.forward = lambda t, m=m: brute_force(m, t)
+        ref = net(x)
+    assert got["res5"].shape == (1, 256, 2, 2)
+    for name in ref:
+        assert float(ref[name].abs().max()) > 1e-3
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10, msg=name)
+
+
+def _r50(config):
+    cfg = get_cfg()
+    add_aadet_config(cfg)
+    cfg.merge_from_file(config)
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.RESNETS.NORM = cfg.MODEL.FPN.NORM = cfg.MODEL.RETINANET.NORM = "SyncBN"  # 2 params/channel
+    return build_model(cfg)
+
+
+def test_parameter_count_of_the_r50_config():
+    """halo_retinanet_R_50_FPN_scratch_150ep.yaml: every 3x3 conv of res2-res5 (9 w^2) becomes
+    q/k/v projections (3 w^2) and relative tables of 2(b + h) - 1 = 21 rows of dkh/2 each; against
+    SASA's k = 7 (7 rows) at the same placement only the tables differ."""
+    base, halo, sasa = (n_params(_r50(c)) for c in (R50_CONFIG, HALO_CONFIG, SASA_CONFIG))
+    blocks = [(64, 3), (128, 4), (256, 6), (512, 3)]  # bottleneck width, blocks per stage
+    assert base - halo == sum(n * (6 * w * w - 21 * (w // 8)) for w, n in blocks) == 7_534_920
+    assert halo - sasa == sum(n * 14 * (w // 8) for w, n in blocks) == 6_608
+    assert base == 33_845_556
+
+
+@pytest.mark.parametrize(
+    "setup,match",
+    [
+        (lambda c: setattr(c.MODEL.RESNETS, "NUM_GROUPS", 2), "MODEL.RESNETS.NUM_GROUPS must be 1 when res2"),
+        (lambda c: setattr(c.MODEL.RESNETS, "DEPTH", 34), "MODEL.RESNETS.DEPTH must be one of"),
+        (lambda c: setattr(c.MODEL.HALO, "NUM_HEADS", 3), "MODEL.HALO.NUM_HEADS must be a divisor of the res2"),
+        (lambda c: setattr(c.MODEL.HALO, "NUM_HEADS", 8), "MODEL.HALO.NUM_HEADS must be at most 4"),
+        (lambda c: setattr(c.MODEL.HALO, "BLOCK_SIZE", 5), "MODEL.HALO.BLOCK_SIZE must be a multiple of 2 when res3"),
+        (lambda c: setattr(c.MODEL.RESNETS, "RES5_DILATION", 2), "MODEL.RESNETS.RES5_DILATION must be 1"),
+        (lambda c: setattr(c.MODEL.HALO, "STAGES", ("res6",)), "MODEL.HALO.STAGES must be a subset of"),
+    ],
+)
+def test_backbone_config_errors_name_the_key(setup, match):
+    cfg = small_cfg()
+    setup(cfg)
+    with pytest.raises(ConfigValueError, match=match):
+        build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
+
+
+def test_every_layer_option_has_its_key():
+    from aadet.layers.halo_attention import HALO_ATTENTION_OPTIONS
+    from aadet.modeling.attention_layers import halo_layer_kwargs
+
+    assert set(halo_layer_kwargs(small_cfg())) == set(HALO_ATTENTION_OPTIONS) == {
+        "block_size", "halo_size", "num_heads", "positional_encoding", "impl"}
+
+
+def test_odd_block_size_is_fine_without_strided_attention_stages():
+    cfg = small_cfg(STAGES=("res2",), BLOCK_SIZE=5)
+    net = build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
+    assert net.res2[0].conv2.block_size == 5
