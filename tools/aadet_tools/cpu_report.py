@@ -45,6 +45,7 @@ CPU_RUNS: Dict[str, tuple] = {
     "demo": ("tools/benchmark.py", [
         "--configs", _DEMO.format("R_26_slim_FPN"), _DEMO.format("AA_R_26_slim_FPN"),
         _DEMO.format("SASA_R_26_slim_FPN"), _DEMO.format("SASA_full_attention_R_26_slim"),
+        _DEMO.format("Halo_R_26_slim_FPN"),
         "--device", "cpu", "--size", "400", "--batch", "2", "--warmup", "2", "--iters", "5",
         "--no-inference"]),
     "coco": ("tools/benchmark.py", [
@@ -52,6 +53,7 @@ CPU_RUNS: Dict[str, tuple] = {
         _COCO.format("aa_retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("sasa_convstem_retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"),
+        _COCO.format("halo_retinanet_R_50_FPN_scratch_150ep"),
         "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "3"]),
 }
 
