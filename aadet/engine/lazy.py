@@ -37,7 +37,6 @@ from typing import List, Sequence
 import torch
 from detectron2.config import LazyConfig
 from detectron2.engine import AMPTrainer, SimpleTrainer, hooks
-from detectron2.engine import defaults as d2defaults
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
@@ -46,7 +45,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ..config import ConfigValueError, UnknownConfigKeyError, config_error, config_keys, similar_config_keys
 from ..data.datasets import register_coco_entries
 from ..layers.functional.checks import check_in
-from ..utils.d2compat import ddp_without_device_ids_on_cpu, restart_data_loader
+from ..utils.d2compat import cpu_safe_ddp_model, restart_loop_data_loader
 from .checkpoint import AADetCheckpointer
 from .ema import DECAY_RANGE, ModelEMA
 from .hooks import AttentionStatsHook, EMAHook
@@ -286,19 +285,18 @@ class LazyTrainer:
         cfg.optimizer.params.model = model
         optimizer = build(cfg.optimizer, "optimizer")
         loader = build(cfg.dataloader.train, "dataloader.train")
-        with ddp_without_device_ids_on_cpu():
-            model = d2defaults.create_ddp_model(model, **cfg.train.get("ddp", {}))
+        model = cpu_safe_ddp_model(model, **cfg.train.get("ddp", {}))
         loop = AMPTrainer if cfg.train.get("amp", {}).get("enabled", False) else SimpleTrainer
-        self._trainer = loop(model, loader, optimizer)
+        self.loop = loop(model, loader, optimizer)
         self.model, self.max_iter, self.start_iter = model, cfg.train.max_iter, 0
         self.model_ema = build_lazy_model_ema(cfg, model)
         out = cfg.train.output_dir
         self.checkpointer = AADetCheckpointer(
-            model, out, strict=strict, trainer=self._trainer,
+            model, out, strict=strict, trainer=self.loop,
             **({"model_ema": self.model_ema} if self.model_ema is not None else {}),
         )
         self.last_eval_results = None
-        self._trainer.register_hooks(self.build_hooks())
+        self.loop.register_hooks(self.build_hooks())
 
     def evaluated_weights(self):
         """The moving average with ``train.model_ema.enabled``, the trained weights otherwise."""
@@ -345,7 +343,7 @@ class LazyTrainer:
         ``train.output_dir`` (then the data stream continues where it stopped)."""
         self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
-            self.start_iter = self._trainer.iter + 1
+            self.start_iter = self.loop.iter + 1
         if comm.get_world_size() > 1:
             check_ranks_agree(
                 "where training starts (iteration, weights fingerprint)",
@@ -355,7 +353,7 @@ class LazyTrainer:
             )
         if self.start_iter > 0 and _takes_argument(self.cfg.dataloader.train, "start_iter"):
             train = self.cfg.dataloader.train
-            restart_data_loader(self, lambda: self._restarted_loader(train))
+            restart_loop_data_loader(self.loop, lambda: self._restarted_loader(train))
 
     def _restarted_loader(self, train):
         with _set(train, start_iter=self.start_iter):
@@ -363,7 +361,7 @@ class LazyTrainer:
 
     def train(self):
         """Run from ``start_iter`` to ``train.max_iter``; the last evaluation's results."""
-        self._trainer.train(self.start_iter, self.max_iter)
+        self.loop.train(self.start_iter, self.max_iter)
         return self.last_eval_results
 
 

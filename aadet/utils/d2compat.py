@@ -17,11 +17,13 @@ Internals used:
   versions) and, to restart its data stream, ``SimpleTrainer.reset_data_loader(builder)`` (public
   since June 2022, in 0.7.2 and main); on v0.6, which lacks it, ``data_loader`` and
   ``_data_loader_iter`` are replaced directly (that version's eager iterator attribute):
-  :func:`inner_trainer`, :func:`restart_data_loader`.
+  :func:`inner_trainer`, :func:`restart_data_loader` (:func:`restart_loop_data_loader` for a
+  loop run without a ``DefaultTrainer``, as the LazyConfig trainer does).
 * ``detectron2.engine.defaults.create_ddp_model``, looked up as a module global by
   ``DefaultTrainer.__init__`` (all three versions): patched while the trainer is built so that CPU
   models get DDP without ``device_ids`` (PyTorch rejects ``device_ids`` for CPU modules and
-  Detectron2 always passes ``[local_rank]``): :func:`ddp_without_device_ids_on_cpu`.
+  Detectron2 always passes ``[local_rank]``): :func:`ddp_without_device_ids_on_cpu`,
+  :func:`cpu_safe_ddp_model`.
 * ``DefaultTrainer._last_eval_results``: what ``DefaultTrainer.train()`` returns and checks
   ``TEST.EXPECTED_RESULTS`` against, set by the evaluation of its own ``build_hooks`` (all three
   versions); a trainer that evaluates otherwise sets it with :func:`set_train_results`.
@@ -56,6 +58,8 @@ from detectron2.utils.registry import Registry
 __all__ = [
     "inner_trainer",
     "restart_data_loader",
+    "restart_loop_data_loader",
+    "cpu_safe_ddp_model",
     "ddp_without_device_ids_on_cpu",
     "set_train_results",
     "EMAUpdateHook",
@@ -77,7 +81,12 @@ def inner_trainer(trainer: DefaultTrainer):
 
 def restart_data_loader(trainer: DefaultTrainer, build_loader) -> None:
     """Make ``trainer``'s next iteration read from ``build_loader()`` (a new data loader)."""
-    loop = inner_trainer(trainer)
+    restart_loop_data_loader(inner_trainer(trainer), build_loader)
+
+
+def restart_loop_data_loader(loop, build_loader) -> None:
+    """Make the next iteration of ``loop`` (a ``SimpleTrainer`` or ``AMPTrainer``) read from
+    ``build_loader()``."""
     if hasattr(loop, "reset_data_loader"):  # Detectron2 after v0.6 (public method)
         loop.reset_data_loader(build_loader)
     else:  # v0.6: SimpleTrainer builds its iterator eagerly in __init__
@@ -101,6 +110,13 @@ def ddp_without_device_ids_on_cpu():
         yield
     finally:
         defaults.create_ddp_model = original
+
+
+def cpu_safe_ddp_model(model, **kwargs):
+    """Detectron2's ``create_ddp_model(model, **kwargs)`` (a plain model when not distributed),
+    CPU models wrapped without ``device_ids`` (:func:`ddp_without_device_ids_on_cpu`)."""
+    with ddp_without_device_ids_on_cpu():
+        return defaults.create_ddp_model(model, **kwargs)
 
 
 def set_train_results(trainer: DefaultTrainer, results) -> None:
