@@ -42,7 +42,7 @@ float16 on CUDA, bfloat16 on CPU):
   h = 3, 8 heads, relative; its routes ``cpp`` -- the C++ kernel, the CPU default --, ``bmm``,
   ``materialized`` and ``fused`` on CPU, ``fused`` and ``materialized`` on CUDA) against a 3x3
   convolution of the same width and against the SASA layer of the suite above (k = 7, its
-  ``auto`` route) at that width: issue 46's target is the halo layer at or below the 3x3 conv.
+  ``auto`` route) at that width (the target: the halo layer at or below the 3x3 conv).
 
 Before timing, each naive implementation is checked against ours on a small float64 input.
 """

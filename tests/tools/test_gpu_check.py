@@ -563,7 +563,7 @@ def test_every_test_that_skips_without_cuda_is_marked_cuda(tmp_path):
 
 
 # ----------------------------------------------------------------------------- what may pass
-# Each test below closes a way the check could report a pass it did not earn (issue 43).
+# Each test below closes a way the check could report a pass it did not earn.
 HEAD = "c" * 40
 
 

@@ -59,7 +59,7 @@ CPU_RUNS: Dict[str, tuple] = {
 
 #: The precisions the CPU runs measure (no autocast in CPU_RUNS): each target gets its verdict in them.
 CPU_PRECISIONS = ("fp32",)
-#: The CPU targets (one definition; issue 47's table): training-step time ratios of the models,
+#: The CPU targets (one definition): training-step time ratios of the models,
 #: the SASA layer's time and memory ratios on the route ``impl="auto"`` takes on CPU (``"cpp"``).
 CPU_TARGETS = (
     Target("SASA layer 80x80 fwd+bwd time vs 3x3 conv", "layers", "sasa_cpp_80", "train_ms_ratio", 1.0),
