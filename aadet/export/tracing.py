@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 EXPORT_FORMATS = ("torchscript", "onnx")
 FILE_NAMES = {"torchscript": "model.ts", "onnx": "model.onnx"}
 # ONNX opsets the export is tested with (tests/export/test_export.py: both ends on the AA model, the
-# default on all four demo architectures). The graph needs NonMaxSuppression (11) and Einsum (12);
+# default on every demo architecture). The graph needs NonMaxSuppression (11) and Einsum (12);
 # 20 is the newest opset PyTorch's TorchScript-based exporter writes.
 ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17

@@ -1,6 +1,6 @@
 # All attention (SASA paper's fully attentional RetinaNet): the SASA demo with the spatially-aware
 # attention stem, attentional FPN and attentional head. Batch 8 for 58 epochs (450 iterations): the
-# SASA demo's batch 4 would double its training time.
+# YAML twin says why.
 from ..common.models.sasa_retinanet import attention_fpn, attention_head, attention_stem
 from .trees_SASA_R_26_slim_FPN import dataloader, lr_multiplier, model, optimizer, train
 
