@@ -29,10 +29,14 @@ Stages, in order (``tools/aadet_tools/gpu_report.py`` names them; each has a tim
    ``tools/benchmark_layers.py`` (SASA layer, 256 ch, k 7, vs a 3x3 conv) -> ``--bench-json``
    (default ``docs/benchmarks_cuda.json``) with a verdict per performance target (the attention
    models' time and memory as ratios to the conv R50, the SASA layer's to a 3x3 conv; limits in
-   ``tools/aadet_tools/gpu_report.py``): pass, or missed by how much. The targets are defined at
-   ``gpu_report.PROTOCOL`` (640x640, batch 8, fp32 and bf16, at least 10 timed iterations after 3
-   warm-up ones): only a complete run at it, whose stage passed, writes ``--bench-json``; anything
-   else (``--quick``, fewer iterations, a failed case, a precision not measured) goes to
+   ``tools/aadet_tools/gpu_report.py``): pass, or missed by how much. Then, with what is left of
+   the stage's budget, ``tools/benchmark_layers.py --suite halo`` (HaloNet layer, 256 ch, b 8,
+   h 3, vs a 3x3 conv), reported as measured, without a target: where it fails or the budget is
+   spent before it, the report says it was not measured, and neither fails the stage nor keeps
+   the record from being written. The targets are defined at ``gpu_report.PROTOCOL`` (640x640,
+   batch 8, fp32 and bf16, at least 10 timed iterations after 3 warm-up ones): only a complete
+   run at it, whose stage passed, writes ``--bench-json``; anything else (``--quick``, fewer
+   iterations, a failed case, a precision not measured) goes to
    ``WORK_DIR/benchmarks_cuda.scratch.json``, whose ``"scratch"`` says why it is not the record.
 
 Every stage writes ``<out>/stage_<name>.json`` with the device it ran on, the git commit and
@@ -343,6 +347,22 @@ def bench_settings(args) -> dict:
                 precisions=p.precisions)
 
 
+def _bench_layers(args, s: dict, suite: str, precision: str, budget: Budget):
+    """``tools/benchmark_layers.py --suite SUITE`` in ``precision`` at the stage's settings ``s``:
+    ``(its JSON, None)``, or ``(None, why)`` (the exit status and the output's tail)."""
+    out = os.path.join(args.work_dir, f"bench_layers_{suite}_{precision}.json")
+    cmd = ["tools/benchmark_layers.py", "--suite", suite, "--device", args.device, "--batch", str(s["batch"]),
+           "--sizes", *(str(x) for x in args.layer_sizes), "--warmup", str(s["warmup"]),
+           "--iters", str(s["iters"]), "--output-json", out, "--output-md", out[:-5] + ".md"]
+    cmd += ["--amp", "--amp-dtype", gpu_report.AMP_DTYPES[precision]] if precision != "fp32" else []
+    print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
+    if rc == 0 and os.path.isfile(out):
+        with open(out) as f:
+            return json.load(f), None
+    return None, f"exit {rc}: {tail.strip()[-300:]}"
+
+
 def stage_benchmarks(args, budget: Budget) -> dict:
     s = bench_settings(args)
     if gpu_report.PROTOCOL.size[0] != gpu_report.PROTOCOL.size[1]:
@@ -360,7 +380,7 @@ def stage_benchmarks(args, budget: Budget) -> dict:
            "--amp", "both" if len(amp_modes) == 2 else "on" if amp else "off"]
     cmd += ["--amp-dtype", amp_dtype] if amp else []
     print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    layer_budget = 0.3 * budget.left()
+    layer_budget = 0.3 * budget.left()  # kept from benchmark.py for the layer runs below
     for stale in glob.glob(os.path.join(args.work_dir, "bench_*.json")):
         os.remove(stale)  # never read a benchmark JSON of an earlier run
     rc, tail = _run([sys.executable, *cmd], budget.left() - layer_budget,
@@ -372,19 +392,20 @@ def stage_benchmarks(args, budget: Budget) -> dict:
     else:
         errors.append(f"tools/benchmark.py exit {rc}: {tail.strip()[-300:]}")
     layer_reports = []
-    for precision in amp_modes:
-        out = os.path.join(args.work_dir, f"bench_layers_{precision}.json")
-        cmd = ["tools/benchmark_layers.py", "--suite", "sasa", "--device", args.device, "--batch", str(s["batch"]),
-               "--sizes", *(str(x) for x in args.layer_sizes), "--warmup", str(s["warmup"]),
-               "--iters", str(s["iters"]), "--output-json", out, "--output-md", out[:-5] + ".md"]
-        cmd += ["--amp", "--amp-dtype", gpu_report.AMP_DTYPES[precision]] if precision != "fp32" else []
-        print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
-        if rc == 0 and os.path.isfile(out):
-            with open(out) as f:
-                layer_reports.append(json.load(f))
-        else:
-            errors.append(f"tools/benchmark_layers.py ({precision}) exit {rc}: {tail.strip()[-300:]}")
+    # SASA's layer (the layer targets) first; the suites without a target get what is left.
+    for suite in ("sasa", *gpu_report.INFORMATIONAL_LAYER_SUITES):
+        for precision in amp_modes:
+            what = f"tools/benchmark_layers.py --suite {suite} ({precision})"
+            if suite != "sasa" and budget.left() <= 5:
+                notes.append(f"{what} not run: stage budget spent (no target; not measured)")
+                continue
+            report, why = _bench_layers(args, s, suite, precision, budget)
+            if report is not None:
+                layer_reports.append(report)
+            elif suite == "sasa":
+                errors.append(f"{what} {why}")
+            else:
+                notes.append(f"{what} {why} (no target; not measured)")
     if not config_reports and not layer_reports:
         return {"status": "failed", "error": "; ".join(errors), "notes": notes}
     bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, amp_dtype=amp_dtype, smoke=args.quick)

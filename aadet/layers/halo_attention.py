@@ -12,27 +12,20 @@ The attention itself is :func:`aadet.layers.functional.halo_attention_2d` (a rou
 ``HALO_ATTENTION_BACKENDS``, all exact at the map borders, where keys outside the map are left
 out of the softmax instead of zero-padded; any ``H, W``). This module adds the projections, the
 head split, the scaling ``q *= dkh ** -0.5``, the relative embeddings and, like
-:class:`~aadet.layers.LocalSelfAttention2d` (whose initialisation it shares), an optional
-output ``bias``, ``norm`` and ``activation`` so that it can stand where a ``Conv2d(...,
-norm=...)`` stood.
+:class:`~aadet.layers.LocalSelfAttention2d` (whose set-up it shares:
+:mod:`~aadet.layers.local_attention_base`), an optional output ``bias``, ``norm`` and
+``activation`` so that it can stand where a ``Conv2d(..., norm=...)`` stood.
 """
-import inspect
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-from .functional.checks import (
-    check_block_size,
-    check_halo_size,
-    check_num_heads,
-    check_one_of,
-    check_positive_int,
-    check_query_stride,
-)
+from .functional.checks import check_block_size, check_halo_size, check_positive_int, check_query_stride
 from .functional.dispatch import AUTO
 from .functional.halo_attention import HALO_ATTENTION_BACKENDS, halo_attention_2d_unchecked
 from .local_attention import merge_heads, split_heads
+from .local_attention_base import LocalAttention2dBase, attention_options, check_heads
 
 __all__ = ["HALO_ATTENTION_OPTIONS", "HaloSelfAttention2d", "POSITIONAL_ENCODINGS"]
 
@@ -41,7 +34,7 @@ __all__ = ["HALO_ATTENTION_OPTIONS", "HaloSelfAttention2d", "POSITIONAL_ENCODING
 POSITIONAL_ENCODINGS = ("relative", "none")
 
 
-class HaloSelfAttention2d(nn.Module):
+class HaloSelfAttention2d(LocalAttention2dBase):
     """Multi-head blocked local self-attention with halos (HaloNet), optionally strided.
 
     ``forward(x)``: ``x [B, in_channels, H, W]`` -> ``[B, out_channels, Ho, Wo]``, ``Ho =
@@ -107,41 +100,25 @@ class HaloSelfAttention2d(nn.Module):
         check_block_size(block_size)
         check_halo_size(halo_size)
         check_query_stride(stride, block_size, "stride")
-        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
-        relative = positional_encoding == "relative"
-        dkh = check_num_heads(
-            num_heads,
-            out_channels,
-            min_per_head=2 if relative else 1,
-            per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
-        )
+        check_heads(num_heads, out_channels, positional_encoding, POSITIONAL_ENCODINGS)
         HALO_ATTENTION_BACKENDS.check(impl)
 
-        self.in_channels = in_channels
-        self.out_channels = out_channels
         self.block_size = block_size
         self.halo_size = halo_size
-        self.num_heads = num_heads
-        self.stride = stride
-        self.positional_encoding = positional_encoding
         self.impl = impl
-        self.head_channels = dkh
-
-        self.query = nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
-        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)
-        self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)
-        for proj in (self.query, self.key, self.value):
-            nn.init.normal_(proj.weight, std=in_channels ** -0.5)
-        if relative:
-            rows, std = self.relative_rows, dkh ** -0.5
-            self.rel_h = nn.Parameter(torch.randn(rows, dkh // 2) * std)
-            self.rel_w = nn.Parameter(torch.randn(rows, dkh - dkh // 2) * std)
-        else:
-            self.register_parameter("rel_h", None)
-            self.register_parameter("rel_w", None)
-        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
-        self.norm = norm
-        self.activation = activation
+        # Attention downsampling: queries on the strided grid, keys and values at full resolution.
+        self._init_attention(
+            in_channels,
+            out_channels,
+            num_heads,
+            stride,
+            positional_encoding,
+            relative_rows=self.relative_rows,
+            query_stride=stride,
+            bias=bias,
+            norm=norm,
+            activation=activation,
+        )
 
     @property
     def window(self) -> int:
@@ -152,17 +129,6 @@ class HaloSelfAttention2d(nn.Module):
     def relative_rows(self) -> int:
         """Rows of ``rel_h`` / ``rel_w``: every key-minus-query offset in a window, ``2(b + h) - 1``."""
         return 2 * (self.block_size + self.halo_size) - 1
-
-    def output_size(self, input_hw: Tuple[int, int]) -> Tuple[int, int]:
-        """``(Ho, Wo)`` of the output for an ``(H, W)`` input: ``ceil`` of ``/ stride``."""
-        h, w = input_hw
-        return -(-h // self.stride), -(-w // self.stride)
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"HaloSelfAttention2d expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
-            )
 
     def queries_keys(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The scaled queries and the keys :meth:`forward` attends with (for analysis, e.g.
@@ -254,13 +220,9 @@ class HaloSelfAttention2d(nn.Module):
         )
 
 
-#: The arguments of :class:`HaloSelfAttention2d` that a stand-in for a convolution takes from
-#: that convolution (:func:`~aadet.modeling.attention_layers.halo_attention_for_conv`).
-CONV_ARGUMENTS = ("in_channels", "out_channels", "stride", "bias", "norm", "activation")
-
-#: Its other arguments, the attention options (``block_size``, ``halo_size``, ``num_heads``,
-#: ``positional_encoding``, ``impl``): the HaloNet models pass them through from
-#: ``MODEL.HALO.*``, whose defaults are read from this signature.
-HALO_ATTENTION_OPTIONS = tuple(
-    name for name in inspect.signature(HaloSelfAttention2d).parameters if name not in CONV_ARGUMENTS
-)
+#: The arguments of :class:`HaloSelfAttention2d` other than those a stand-in for a convolution
+#: takes from that convolution (:data:`~aadet.layers.local_attention_base.CONV_ARGUMENTS`): the
+#: attention options (``block_size``, ``halo_size``, ``num_heads``, ``positional_encoding``,
+#: ``impl``), which the HaloNet models pass through from ``MODEL.HALO.*``, whose defaults are read
+#: from this signature.
+HALO_ATTENTION_OPTIONS = attention_options(HaloSelfAttention2d)

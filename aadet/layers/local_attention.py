@@ -14,7 +14,6 @@ split, the scaling ``q *= dkh ** -0.5``, the positional encoding and the pooling
 Detectron2's ``Conv2d``, an optional output ``bias``, ``norm`` and ``activation`` so that it can
 stand wherever a ``Conv2d(..., norm=...)`` stood.
 """
-import inspect
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -22,19 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .functional.backends.sasa_halo import halo_local_attention_macs
-from .functional.checks import (
-    check_block_size,
-    check_kernel_size,
-    check_num_heads,
-    check_one_of,
-    check_positive_int,
-)
+from .functional.checks import check_block_size, check_kernel_size, check_positive_int
 from .functional.dispatch import AUTO
 from .functional.local_attention import (
     DEFAULT_BLOCK_SIZE,
     LOCAL_ATTENTION_BACKENDS,
     local_self_attention_2d_unchecked,
 )
+from .local_attention_base import LocalAttention2dBase, attention_options, check_heads
 from .position_encoding import sine_2d
 
 __all__ = [
@@ -62,7 +56,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 1, 4, 2, 3).reshape(b, nh * d, h, w)
 
 
-class LocalSelfAttention2d(nn.Module):
+class LocalSelfAttention2d(LocalAttention2dBase):
     """Multi-head local self-attention over ``k x k`` windows (SASA), optionally strided.
 
     ``forward(x)``: ``x [B, in_channels, H, W]`` ->
@@ -81,8 +75,8 @@ class LocalSelfAttention2d(nn.Module):
     Positional encodings (paper Table 5):
 
     * ``"relative"``: ``rel_h [k, dkh//2]`` and ``rel_w [k, dkh - dkh//2]``, shared by all heads,
-      initialised ``N(0, dkh ** -1)`` (the initializer of the AA/SASA reference code: the
-      relative logits start below the content logits);
+      initialised ``N(0, dkh ** -1)`` (:mod:`~aadet.layers.local_attention_base`, the set-up
+      shared with :class:`~aadet.layers.HaloSelfAttention2d`);
     * ``"sine2d"``: the 2D sine encoding of the Image Transformer
       (:func:`aadet.layers.position_encoding.sine_2d`, integer pixel positions of this map) is
       added to the input of the query and key projections, not of the values;
@@ -131,52 +125,25 @@ class LocalSelfAttention2d(nn.Module):
         check_kernel_size(kernel_size)
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2; got {stride!r}")
-        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
-        relative = positional_encoding == "relative"
-        dkh = check_num_heads(
-            num_heads,
-            out_channels,
-            min_per_head=2 if relative else 1,
-            per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
-        )
+        check_heads(num_heads, out_channels, positional_encoding, POSITIONAL_ENCODINGS)
         LOCAL_ATTENTION_BACKENDS.check(impl)
 
-        self.in_channels = in_channels
-        self.out_channels = out_channels
         self.kernel_size = kernel_size
-        self.num_heads = num_heads
-        self.stride = stride
-        self.positional_encoding = positional_encoding
         self.block_size = block_size
         self.impl = impl
-        self.head_channels = dkh
-
-        self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)
-        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)
-        self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)
-        for proj in (self.query, self.key, self.value):
-            nn.init.normal_(proj.weight, std=in_channels ** -0.5)
-        if positional_encoding == "relative":
-            std = dkh ** -0.5
-            self.rel_h = nn.Parameter(torch.randn(kernel_size, dkh // 2) * std)
-            self.rel_w = nn.Parameter(torch.randn(kernel_size, dkh - dkh // 2) * std)
-        else:
-            self.register_parameter("rel_h", None)
-            self.register_parameter("rel_w", None)
-        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
-        self.norm = norm
-        self.activation = activation
-
-    def output_size(self, input_hw: Tuple[int, int]) -> Tuple[int, int]:
-        """``(H, W)`` of the output for an ``(H, W)`` input: ``ceil`` of ``/ stride``."""
-        h, w = input_hw
-        return -(-h // self.stride), -(-w // self.stride)
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"LocalSelfAttention2d expects [B, {self.in_channels}, H, W]; got {tuple(x.shape)}"
-            )
+        # Queries at every pixel; a stride-2 layer pools the output (forward).
+        self._init_attention(
+            in_channels,
+            out_channels,
+            num_heads,
+            stride,
+            positional_encoding,
+            relative_rows=kernel_size,
+            query_stride=1,
+            bias=bias,
+            norm=norm,
+            activation=activation,
+        )
 
     def queries_keys(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The scaled queries and the keys :meth:`forward` attends with (for analysis, e.g.
@@ -279,13 +246,9 @@ class LocalSelfAttention2d(nn.Module):
         )
 
 
-#: The arguments of :class:`LocalSelfAttention2d` that a stand-in for a convolution takes from
-#: that convolution (:func:`~aadet.modeling.attention_layers.local_attention_for_conv`).
-CONV_ARGUMENTS = ("in_channels", "out_channels", "stride", "bias", "norm", "activation")
-
-#: Its other arguments, the attention options (``kernel_size``, ``num_heads``,
-#: ``positional_encoding``, ``block_size``, ``impl``, ...): the SASA models pass them through
-#: unchanged (``**kwargs``) from ``MODEL.SASA.*``, whose defaults are read from this signature.
-ATTENTION_OPTIONS = tuple(
-    name for name in inspect.signature(LocalSelfAttention2d).parameters if name not in CONV_ARGUMENTS
-)
+#: The arguments of :class:`LocalSelfAttention2d` other than those a stand-in for a convolution
+#: takes from that convolution (:data:`~aadet.layers.local_attention_base.CONV_ARGUMENTS`): the
+#: attention options (``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``,
+#: ``impl``, ...), which the SASA models pass through unchanged (``**kwargs``) from
+#: ``MODEL.SASA.*``, whose defaults are read from this signature.
+ATTENTION_OPTIONS = attention_options(LocalSelfAttention2d)

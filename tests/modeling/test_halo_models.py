@@ -83,6 +83,33 @@ def test_strided_blocks_downsample_by_attention_and_shapes_match_the_conv_resnet
     assert a["res5"].shape == (1, 256, 3, 2)
 
 
+def test_sasa_and_halo_blocks_are_one_block_class_with_another_attention_layer():
+    """Both backbones' attention blocks are the shared block, whose subclasses only name their
+    layer: the same modules around ``conv2`` (names and shapes: checkpoints of either line up
+    outside the attention), the stride in ``conv2`` in both, and only ``conv2`` differs."""
+    from aadet.layers import LocalSelfAttention2d
+    from aadet.modeling.backbone.resnet_stages import AttentionBottleneckBlock
+    from aadet.modeling.backbone.sasa_resnet import SASABottleneckBlock, build_sasa_resnet_backbone
+
+    cfg = small_cfg(STAGES=("res3", "res4", "res5"))
+    cfg.MODEL.RESNETS.STRIDE_IN_1X1 = True  # attention blocks take the stride anyway
+    cfg.MODEL.SASA.STAGES, cfg.MODEL.SASA.NUM_HEADS, cfg.MODEL.SASA.KERNEL_SIZE = ("res3", "res4", "res5"), 2, 3
+    nets = {"sasa": build_sasa_resnet_backbone(cfg, ShapeSpec(channels=3)),
+            "halo": build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))}
+    layer = {"sasa": LocalSelfAttention2d, "halo": HaloSelfAttention2d}
+    for name, cls in (("sasa", SASABottleneckBlock), ("halo", HaloBottleneckBlock)):
+        assert issubclass(cls, AttentionBottleneckBlock)
+        assert {k for k in vars(cls) if not k.startswith("__")} == {"attention_layer"}, cls
+        assert cls.__init__ is AttentionBottleneckBlock.__init__ and cls.forward is BottleneckBlock.forward
+        blocks = [b for s in nets[name].stages[1:] for b in s]
+        assert blocks and all(type(b) is cls for b in blocks)
+        assert all(isinstance(b.conv2, layer[name]) for b in blocks)
+        first = nets[name].res3[0]
+        assert first.conv1.stride == (1, 1) and first.conv2.stride == 2
+    sasa, halo = ({k: v.shape for k, v in nets[n].state_dict().items() if ".conv2." not in k} for n in nets)
+    assert list(sasa) == list(halo) and sasa == halo
+
+
 def test_float64_forward_equals_the_layers_brute_force():
     """The whole backbone in float64, each attention layer once through its route and once
     through the pixel-by-pixel brute force: the same features."""

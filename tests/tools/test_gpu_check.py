@@ -45,12 +45,16 @@ def config_report(**top):
                      env=ENV, results=results), **top)
 
 
-def layer_report(amp, conv_s, fused_s, conv_bytes, fused_bytes, amp_dtype="bfloat16"):
-    """What ``tools/benchmark_layers.py --suite sasa --sizes 80 [--amp --amp-dtype bfloat16]`` writes."""
-    rows = [dict(suite="sasa", kind="layer", impl=impl, side=80, channels=256, median_s=t, cpu_median_s=t,
+def layer_report(amp, conv_s, fused_s, conv_bytes, fused_bytes, amp_dtype="bfloat16", suite="sasa"):
+    """What ``tools/benchmark_layers.py --suite sasa --sizes 80 [--amp --amp-dtype bfloat16]`` writes
+    (``suite="halo"``: the HaloNet suite's CUDA cases)."""
+    others = {"sasa": (("neighborhood", 4 * conv_s, 3 * conv_bytes), ("fused", fused_s, fused_bytes),
+                       ("unfold", 9 * conv_s, 40 * conv_bytes)),
+              "halo": (("fused", fused_s, fused_bytes), ("materialized", 3 * conv_s, 6 * conv_bytes),
+                       ("sasa", 4 * conv_s, 3 * conv_bytes))}[suite]
+    rows = [dict(suite=suite, kind="layer", impl=impl, side=80, channels=256, median_s=t, cpu_median_s=t,
                  peak_bytes=m, peak_abs_bytes=m, peak_exact=True)
-            for impl, t, m in (("neighborhood", 4 * conv_s, 3 * conv_bytes), ("fused", fused_s, fused_bytes),
-                               ("unfold", 9 * conv_s, 40 * conv_bytes), ("conv3x3", conv_s, conv_bytes))]
+            for impl, t, m in others + (("conv3x3", conv_s, conv_bytes),)]
     out = dict(device="cuda", batch=8, warmup=5, iters=20, amp=amp, env=ENV, reference_check={}, results=rows)
     if amp:
         out["amp_dtype"] = amp_dtype
@@ -693,7 +697,8 @@ def test_report_shows_every_stage_environment_and_ran_apart_from_targets_met(gpu
 def _fake_benchmark_tools(calls, fail=(), precisions=("fp32", "bf16")):
     """A ``gpu_check._run`` that writes what ``tools/benchmark*.py`` would for the command it is
     given (sizes, batch, iterations from the command; the numbers of :func:`config_report`), with
-    ``fail``: ``(config, amp)`` cases that error, ``precisions``: the ones the device can run."""
+    ``fail``: ``(config, amp)`` cases that error and layer suites whose runs fail, ``precisions``: the
+    ones the device can run."""
     def value(cmd, flag, default=None):
         return type(default)(cmd[cmd.index(flag) + 1]) if flag in cmd else default
 
@@ -717,12 +722,14 @@ def _fake_benchmark_tools(calls, fail=(), precisions=("fp32", "bf16")):
             rep["results"] = [{k: v for k, v in r.items() if "error" not in r or k not in ("train", "inference")}
                               for r in rep["results"]]
         else:
-            amp = "--amp" in cmd
-            rep = layer_report(amp, 0.002, 0.005, 100 * MIB, 150 * MIB)
+            amp, suite = "--amp" in cmd, value(cmd, "--suite", "")
+            rep = layer_report(amp, 0.002, 0.005, 100 * MIB, 150 * MIB, suite=suite)
             rep.update(batch=value(cmd, "--batch", 0), iters=value(cmd, "--iters", 0),
                        warmup=value(cmd, "--warmup", 0))
             if amp and "bf16" not in precisions:
                 return 1, "RuntimeError: bfloat16 is not supported on this device"
+            if suite in fail:
+                return 1, f"RuntimeError: the {suite} suite crashed"
         with open(out, "w") as f:
             json.dump(rep, f)
         return 0, ""
@@ -785,3 +792,69 @@ def test_a_missing_precision_or_row_is_missing_not_absent():
     assert {f"{gr.config_name(SASA)} fp32", f"{gr.config_name(SASA)} bf16"} <= set(bench["missing"])
     md = gr.render_benchmarks_markdown(bench)
     assert f"`{gr.config_name(SASA)}` | fp32 | missing" in md
+
+
+# ----------------------------------------------------------------------------- the HaloNet layer, no target
+def _layer_cmds(calls):
+    return [(c[c.index("--suite") + 1], "--amp" in c) for c in calls if c[1].endswith("benchmark_layers.py")]
+
+
+def test_the_benchmarks_stage_times_the_halo_layer_after_the_sasa_layer_without_a_target(gpu_check, tmp_path,
+                                                                                         monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "_run", _fake_benchmark_tools(calls))
+    args, record = _bench_args(gpu_check, tmp_path)
+    result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
+    # the SASA layer (the targets) first, then the HaloNet layer, each in fp32 and bf16
+    assert _layer_cmds(calls) == [("sasa", False), ("sasa", True), ("halo", False), ("halo", True)]
+    assert result["status"] == "ok" and record.exists()
+    bench = json.loads(record.read_text())
+    assert bench["complete"] and bench["informational_missing"] == []
+    halo = [r for r in bench["layers"] if r["suite"] == "halo"]
+    assert {(r["impl"], r["precision"]) for r in halo} == {
+        (i, p) for i in ("fused", "materialized", "sasa", "conv3x3") for p in ("fp32", "bf16")}
+    fused = _one(halo, impl="fused", precision="fp32")  # against the halo suite's own 3x3 conv
+    assert fused["layer"] == "halo_fused_80" and fused["train_ms_ratio"] == pytest.approx(2.5)
+    assert fused["train_peak_mib_ratio"] == pytest.approx(1.5)
+    assert not [t for t in bench["targets"] if t["subject"].startswith("halo")]  # reported, not judged
+    md = gr.render_benchmarks_markdown(bench)
+    assert "| `halo_fused_80` | fp32 | 80x80 | 256 | 5.00 | 2.50 | 150 | 1.50 | no target: as measured |" in md
+    assert "| `sasa_fused_80` | fp32 | 80x80 | 256 | 5.00 | 2.50 | 150 | 1.50 |  |" in md
+
+
+@pytest.mark.parametrize("case", ["halo_fails", "budget_spent"])
+def test_a_halo_layer_not_measured_is_reported_and_neither_fails_the_stage_nor_the_record(gpu_check, tmp_path,
+                                                                                         monkeypatch, case):
+    calls = []
+    monkeypatch.setattr(gpu_check, "_run", _fake_benchmark_tools(calls, fail={"halo"} if case == "halo_fails" else ()))
+    budget = gpu_check.Budget(600)
+    if case == "budget_spent":  # spent by benchmark.py and the two SASA runs
+        monkeypatch.setattr(budget, "left", lambda: 600.0 if len(calls) < 3 else 0.0)
+    args, record = _bench_args(gpu_check, tmp_path)
+    result = gpu_check.stage_benchmarks(args, budget)
+    halo_runs = [c for c in _layer_cmds(calls) if c[0] == "halo"]
+    assert len(halo_runs) == (2 if case == "halo_fails" else 0)
+    assert result["status"] == "ok" and "error" not in result and record.exists()
+    bench = json.loads(record.read_text())
+    assert bench["complete"] and bench["missing"] == []
+    assert bench["informational_missing"] == ["halo fp32", "halo bf16"]
+    why = "the halo suite crashed" if case == "halo_fails" else "stage budget spent"
+    assert sum("--suite halo" in n and why in n for n in result["notes"]) == 2, result["notes"]
+    md = gr.render_benchmarks_markdown(bench)
+    assert "`halo` layer (no target) not measured in fp32." in md and "`halo_" not in md
+
+
+def test_halo_rows_do_not_stand_in_for_a_missing_sasa_layer():
+    fp32 = layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB)
+    halo = [layer_report(amp, 0.002, 0.005, 100 * MIB, 150 * MIB, suite="halo") for amp in (False, True)]
+    bench = gr.benchmarks_cuda([config_report()], [fp32, *halo], amp_dtype="bfloat16")
+    assert [m for m in bench["missing"] if m.startswith("layers")] == ["layers bf16"] and not bench["complete"]
+    assert bench["informational_missing"] == []
+    bf16_layer_targets = [t for t in bench["targets"] if t["precision"] == "bf16" and t["metric"].startswith("train_")
+                          and "3x3 conv" in t["target"]]
+    assert bf16_layer_targets and all(t["status"] == "missing" for t in bf16_layer_targets)
+    # a halo layer whose routes all failed is not measured, though its 3x3 conv was
+    broken = layer_report(False, 0.002, 0.005, 100 * MIB, 150 * MIB, suite="halo")
+    broken["results"] = [dict(r, error="CUDA out of memory") if r["impl"] != "conv3x3" else r
+                         for r in broken["results"]]
+    assert gr.informational_missing(gr.layer_rows(broken)) == ["halo fp32", "halo bf16"]

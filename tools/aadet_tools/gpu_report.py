@@ -16,6 +16,7 @@ The benchmark schema (``docs/benchmarks_cuda.json``, ``"schema": 1``)::
      "layers":  [{"layer": "sasa_fused_80", "label": .., "precision": "fp32", "side": 80,
                   "channels": 256, "train_ms": .. (forward + backward), "train_peak_mib": ..,
                   "train_ms_ratio": .., "train_peak_mib_ratio": ..}, ...],   # ratios to the 3x3 conv
+     "informational_missing": ["halo bf16", ...],
      "targets": [{"target": "AA-R50 train time", "subject": .., "metric": "train_ms_ratio",
                   "precision": "bf16", "limit": 1.10, "value": 1.32, "status": "miss",
                   "excess": 0.22, "excess_pct": 20.0}, ...]}
@@ -30,7 +31,11 @@ every precision of :data:`PROTOCOL`, measured or not. The targets are defined at
 too few iterations, a precision not measured) get ``"comparable": false``, the reasons in
 ``"not_comparable_why"``, and ``status`` ``"not comparable"`` instead of a verdict. ``"missing"``
 lists the benchmark rows (``"<config> <precision>"``, ``"layers <precision>"``) not measured;
-``"complete"``: comparable, nothing missing, every target a pass or a miss. Only a complete run of
+``"complete"``: comparable, nothing missing, every target a pass or a miss. The layer rows also
+hold the suites of :data:`INFORMATIONAL_LAYER_SUITES` (HaloNet's layer), reported as measured with
+their ratios to their own 3x3 conv and judged by no target: where one was not measured,
+``"informational_missing"`` says so (``"<suite> <precision>"``), and neither ``"missing"`` nor
+``"complete"`` depends on them. Only a complete run of
 a benchmarks stage that passed is the record (``docs/benchmarks_cuda.json``); anything else goes to
 a scratch file whose ``"scratch"`` says why it is not the record.
 
@@ -51,6 +56,7 @@ __all__ = [
     "BASELINE_CONFIG",
     "BENCHMARK_CONFIGS",
     "LAYER_REFERENCE",
+    "INFORMATIONAL_LAYER_SUITES",
     "PRECISIONS",
     "Target",
     "TARGETS",
@@ -93,6 +99,10 @@ BENCHMARK_CONFIGS = (
 )
 #: The layer every layer ratio is taken against (``tools/benchmark_layers.py``'s impl name).
 LAYER_REFERENCE = "conv3x3"
+#: The ``tools/benchmark_layers.py`` suites the benchmarks stage measures besides SASA's (whose
+#: rows the layer targets judge): reported as measured, with their ratios to a 3x3 conv, without a
+#: target. HaloNet's layer (256 ch, b 8, h 3, 8 heads, its CUDA routes).
+INFORMATIONAL_LAYER_SUITES = ("halo",)
 #: Precision names used in the report; ``tools/benchmark*.py`` report ``amp`` (bool) and
 #: ``amp_dtype`` (torch dtype name).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -217,8 +227,9 @@ def config_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
 def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
     """Rows of ``tools/benchmark_layers.py --output-json`` with ratios to the 3x3 conv.
 
-    Only layers that have a :data:`LAYER_REFERENCE` case at the same map size get ratios (the
-    SASA suite); each row is named ``<suite>_<impl>_<side>`` (``"sasa_fused_80"``).
+    Only layers that have a :data:`LAYER_REFERENCE` case of their suite at the same map size get
+    ratios (the SASA and HaloNet suites); each row is named ``<suite>_<impl>_<side>``
+    (``"sasa_fused_80"``, ``"halo_fused_80"``).
     ``train_ms`` is the forward + backward time, ``train_peak_mib`` its peak memory.
     """
     precision = precision_name(bool(report.get("amp")), report.get("amp_dtype", amp_dtype))
@@ -341,15 +352,30 @@ def _not_comparable_why(reports: Sequence[dict], layer_reports: Sequence[dict], 
     return f"{', '.join(why)}; the targets are defined at {describe_protocol(protocol)}"
 
 
+def _measured(row: dict) -> bool:
+    return row.get("train_ms") is not None and "error" not in row
+
+
 def missing_rows(configs: Sequence[dict], layers: Sequence[dict], expected_configs: Sequence[str] = BENCHMARK_CONFIGS,
                  precisions: Sequence[str] = PROTOCOL.precisions) -> List[str]:
     """The benchmark rows not measured: ``"<config> <precision>"`` for each of ``expected_configs``
-    and ``"layers <precision>"`` when no layer was measured in that precision."""
-    got = {(r["config"], r["precision"]) for r in configs if r.get("train_ms") is not None and "error" not in r}
+    and ``"layers <precision>"`` when no layer was measured in that precision (the suites of
+    :data:`INFORMATIONAL_LAYER_SUITES` aside: :func:`informational_missing`)."""
+    got = {(r["config"], r["precision"]) for r in configs if _measured(r)}
     missing = [f"{config_name(c)} {p}" for c in expected_configs for p in precisions
                if (config_name(c), p) not in got]
-    layer_precisions = {r["precision"] for r in layers if r.get("train_ms") is not None and "error" not in r}
+    layer_precisions = {r["precision"] for r in layers
+                        if _measured(r) and r.get("suite") not in INFORMATIONAL_LAYER_SUITES}
     return missing + [f"layers {p}" for p in precisions if p not in layer_precisions]
+
+
+def informational_missing(layers: Sequence[dict], precisions: Sequence[str] = PROTOCOL.precisions,
+                          suites: Sequence[str] = INFORMATIONAL_LAYER_SUITES) -> List[str]:
+    """``"<suite> <precision>"`` for each of ``suites`` with no layer of its own (the 3x3 conv
+    aside) measured against its 3x3 conv in that precision."""
+    got = {(r.get("suite"), r["precision"]) for r in layers
+           if _measured(r) and r.get("impl") != LAYER_REFERENCE and r.get("train_ms_ratio") is not None}
+    return [f"{suite} {p}" for suite in suites for p in precisions if (suite, p) not in got]
 
 
 def benchmarks_cuda(
@@ -364,7 +390,8 @@ def benchmarks_cuda(
 
     Args:
         config_reports: ``tools/benchmark.py`` outputs (e.g. one run with ``--amp both``).
-        layer_reports: ``tools/benchmark_layers.py`` outputs (one per AMP setting).
+        layer_reports: ``tools/benchmark_layers.py`` outputs (one per suite and AMP setting:
+            SASA's, and those of :data:`INFORMATIONAL_LAYER_SUITES`).
         amp_dtype: AMP dtype of outputs that do not record theirs.
         smoke: the numbers come from a smoke run (``tools/gpu_check.py --quick``): no target
             verdicts, whatever the sizes. Anything else short of :data:`PROTOCOL` (size, batch,
@@ -406,6 +433,7 @@ def benchmarks_cuda(
         "comparable": why is None,
         "not_comparable_why": why,
         "missing": missing,
+        "informational_missing": informational_missing(layers),
         "complete": why is None and not missing and all(v["status"] in ("pass", "miss") for v in verdicts),
         "configs": configs,
         "layers": layers,
@@ -426,6 +454,15 @@ def _verdict(v: dict) -> str:
         return f"**miss** by {v['excess']:.2f} ({v['excess_pct']:+.0f}%)"
     note = v.get("note", "")
     return "not measured" if note in ("", "not measured") else f"not measured: {note[:80]}"
+
+
+def _layer_note(row: dict) -> str:
+    """A layer row's error, or that no target judges it (:data:`INFORMATIONAL_LAYER_SUITES`)."""
+    if "error" in row:
+        return f"error: {row['error'][:60]}"
+    if row.get("suite") in INFORMATIONAL_LAYER_SUITES and row.get("impl") != LAYER_REFERENCE:
+        return "no target: as measured"
+    return ""
 
 
 def render_benchmarks_markdown(bench: dict) -> str:
@@ -460,16 +497,19 @@ def render_benchmarks_markdown(bench: dict) -> str:
     layer_missing = [m.split(" ", 1)[1] for m in bench.get("missing", ()) if m.startswith("layers ")]
     if layer_missing:
         out.append(f"\nLayers not measured in {', '.join(layer_missing)}.\n")
+    for suite_precision in bench.get("informational_missing", ()):
+        suite, precision = suite_precision.split(" ", 1)
+        out.append(f"\n`{suite}` layer (no target) not measured in {precision}.\n")
     if bench["layers"]:
         rows = [
             [f"`{r['layer']}`", r["precision"], f"{r['side']}x{r['side']}", _f(r["channels"], "d"),
              _f(r["train_ms"], ".2f"), _f(r["train_ms_ratio"]), _f(r["train_peak_mib"], ".0f"),
-             _f(r["train_peak_mib_ratio"])]
+             _f(r["train_peak_mib_ratio"]), _layer_note(r)]
             for r in bench["layers"]
         ]
         headers = ["Layer", "Precision", "Map", "Channels", "fwd+bwd ms", "× 3x3 conv", "Peak MiB",
-                   "× 3x3 conv"]
-        out.append("\n" + markdown_table(headers, rows, align="llll" + "r" * 4))
+                   "× 3x3 conv", "Note"]
+        out.append("\n" + markdown_table(headers, rows, align="llll" + "r" * 4 + "l"))
     if bench["targets"]:
         rows = [
             [t["target"], f"`{t['subject']}`", t["precision"], f"≤ {t['limit']:.2f}", _f(t["value"]),
@@ -558,7 +598,8 @@ STAGES = {
              "the compiled Triton kernels; ok only if every CUDA test ran and passed (a skip fails it)",
     "configs": "every config in configs/ built on CUDA and trained a few iterations in fp32 and bf16 AMP",
     "demo": "short real training of the demo configs on CUDA, with their AP on trees_val and trees_test",
-    "benchmarks": "640x640 batch 8 speed/memory of the R50 configs and the SASA layer (fp32, bf16 AMP)",
+    "benchmarks": "640x640 batch 8 speed/memory of the R50 configs and the SASA layer, and of the HaloNet layer "
+                  "without a target (fp32, bf16 AMP)",
 }
 
 

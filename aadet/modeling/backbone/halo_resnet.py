@@ -10,8 +10,9 @@ where SASA's blocks pool. The stem is ResNet's conv stem, as HaloNet's.
 
 The stages are Detectron2's (:func:`~aadet.modeling.backbone.resnet_stages.build_resnet`, the one
 stage builder) with :class:`HaloBottleneckBlock` in ``MODEL.HALO.STAGES``: the SASA-ResNet with
-another attention layer, at the same placement. Registered as ``build_halo_resnet_backbone``
-(bottom-up; also callable with plain arguments) and ``build_retinanet_halo_resnet_fpn_backbone``.
+another attention layer in the same block class, at the same placement. Registered as
+``build_halo_resnet_backbone`` (bottom-up; also callable with plain arguments) and
+``build_retinanet_halo_resnet_fpn_backbone``.
 
 Config keys: ``MODEL.HALO.*`` (``STAGES`` and the layer keys read by
 :func:`~aadet.modeling.attention_layers.halo_layer_kwargs`: ``BLOCK_SIZE``, ``HALO_SIZE``,
@@ -20,12 +21,11 @@ Config keys: ``MODEL.HALO.*`` (``STAGES`` and the layer keys read by
 """
 from typing import Any, Dict, Sequence
 
-import fvcore.nn.weight_init as weight_init
 from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
-from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
+from detectron2.modeling.backbone.resnet import ResNet
 
 from ...config import config_error, layer_defaults
 from ...layers.functional.checks import check_num_heads
@@ -35,6 +35,7 @@ from .fpn import build_retinanet_fpn
 from .resnet_stages import (
     BASIC_DEPTHS,
     RESNET_BLOCKS_PER_STAGE,
+    AttentionBottleneckBlock,
     ResNetStage,
     basic_stem,
     build_resnet,
@@ -56,49 +57,18 @@ HALO_BLOCKS_PER_STAGE = {
 }
 
 
-class HaloBottleneckBlock(BottleneckBlock):
-    """Detectron2's ``BottleneckBlock`` whose 3x3 ``conv2`` is HaloNet attention + norm.
-
-    ``conv1`` (1x1, stride 1) -> ReLU -> ``conv2`` = :class:`HaloSelfAttention2d` (the block's
-    stride as attention downsampling) + norm -> ReLU -> ``conv3`` (1x1), plus the shortcut:
-    Detectron2's forward, unchanged. ``stride_in_1x1`` is ignored (the attention downsamples).
-    ``conv2`` is :func:`~aadet.modeling.attention_layers.halo_attention_for_conv` of the 3x3
-    convolution it replaces (its norm; value projection initialised with ``c2_msra_fill``).
+class HaloBottleneckBlock(AttentionBottleneckBlock):
+    """The attention bottleneck block (:class:`~.resnet_stages.AttentionBottleneckBlock`) with
+    HaloNet's blocked attention: ``conv2`` is a :class:`HaloSelfAttention2d` + norm
+    (:func:`~aadet.modeling.attention_layers.halo_attention_for_conv`), the block's stride as
+    attention downsampling.
 
     ``attention`` (in addition to ``BottleneckBlock``'s arguments): options of the attention
     layer (``block_size``, ``halo_size``, ``num_heads``, ``positional_encoding``, ``impl``), the
     layer's defaults for those not given.
     """
 
-    def __init__(
-        self,
-        in_channels,
-        out_channels,
-        *,
-        bottleneck_channels,
-        stride=1,
-        num_groups=1,
-        norm="BN",
-        stride_in_1x1=False,
-        dilation=1,
-        **attention,
-    ):
-        if num_groups != 1:
-            raise ValueError(f"HaloBottleneckBlock needs num_groups=1; got {num_groups}")
-        if dilation != 1:
-            raise ValueError(f"HaloBottleneckBlock needs dilation=1; got {dilation}")
-        super().__init__(
-            in_channels,
-            out_channels,
-            bottleneck_channels=bottleneck_channels,
-            stride=stride,
-            num_groups=1,
-            norm=norm,
-            stride_in_1x1=False,
-            dilation=1,
-        )
-        # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
-        self.conv2 = halo_attention_for_conv(self.conv2, weight_init.c2_msra_fill, **attention)
+    attention_layer = staticmethod(halo_attention_for_conv)
 
 
 def _check_attention_stage(stage: ResNetStage, attention_stages, attention: Dict[str, Any]):

@@ -1,4 +1,5 @@
-"""The ResNet that AA-ResNet and SASA-ResNet share: Detectron2's stages, a block class per stage.
+"""The ResNet that AA-ResNet, SASA-ResNet and HaloNet-ResNet share: Detectron2's stages, a block
+class per stage, and the bottleneck block whose 3x3 convolution is an attention layer.
 
 :func:`build_resnet` is Detectron2's ``build_resnet_backbone`` stage loop (same widths, strides,
 dilation, groups, ``STRIDE_IN_1X1``, deformable stages, ``FREEZE_AT``, ``OUT_FEATURES``) with two
@@ -12,10 +13,15 @@ of every block.
 It takes plain arguments; :func:`resnet_from_config` is the one place that reads
 ``MODEL.RESNETS.*`` and ``MODEL.BACKBONE.FREEZE_AT`` for it (``build_resnet(cfg, stem=...)``
 calls it, Detectron2's ``@configurable``).
+
+:class:`AttentionBottleneckBlock` is the one block of the SASA-ResNet and the HaloNet-ResNet:
+Detectron2's ``BottleneckBlock`` whose ``conv2`` is the layer its ``attention_layer`` builds; each
+backbone's block class only names that layer.
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
+import fvcore.nn.weight_init as weight_init
 import torch
 from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
@@ -27,11 +33,13 @@ from detectron2.modeling.backbone.resnet import (
     DeformBottleneckBlock,
     ResNet,
 )
+from torch import nn
 
 from ...config import config_error
 from ...layers.functional.checks import check_subset
 
 __all__ = [
+    "AttentionBottleneckBlock",
     "BASIC_DEPTHS",
     "RESNET_BLOCKS_PER_STAGE",
     "STAGE_NAMES",
@@ -81,6 +89,61 @@ class ResNetStage:
 
 
 BlockChoice = Optional[Tuple[type, Dict]]
+
+
+class AttentionBottleneckBlock(BottleneckBlock):
+    """Detectron2's ``BottleneckBlock`` whose 3x3 ``conv2`` is a spatial attention layer + norm.
+
+    ``conv1`` (1x1, stride 1) -> ReLU -> ``conv2`` = ``attention_layer(conv, c2_msra_fill,
+    **attention)`` of the 3x3 convolution it replaces (its stride, bias and norm; the value
+    projection initialised with that convolution's ``c2_msra_fill``) -> ReLU -> ``conv3`` (1x1),
+    plus the shortcut: Detectron2's forward, unchanged. The stride is always in the attention
+    layer (``stride_in_1x1`` is ignored: a strided 1x1 would throw away 3/4 of the pixels before
+    the attention could look at them).
+
+    A subclass names its layer in :attr:`attention_layer` and nothing else, e.g.
+    :class:`~aadet.modeling.backbone.sasa_resnet.SASABottleneckBlock` (SASA's local attention,
+    stride by pooling) and :class:`~aadet.modeling.backbone.halo_resnet.HaloBottleneckBlock`
+    (HaloNet's blocked attention, stride by attention downsampling).
+
+    ``attention`` (in addition to ``BottleneckBlock``'s arguments): options of the attention
+    layer, the layer's defaults for those not given.
+    """
+
+    #: ``(conv, value_init, **attention) -> nn.Module``: the layer standing where the 3x3
+    #: ``conv`` stood (e.g. :func:`~aadet.modeling.attention_layers.local_attention_for_conv`).
+    attention_layer: Callable[..., nn.Module]
+
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        *,
+        bottleneck_channels,
+        stride=1,
+        num_groups=1,
+        norm="BN",
+        stride_in_1x1=False,
+        dilation=1,
+        **attention,
+    ):
+        name = type(self).__name__
+        if num_groups != 1:
+            raise ValueError(f"{name} needs num_groups=1; got {num_groups}")
+        if dilation != 1:
+            raise ValueError(f"{name} needs dilation=1; got {dilation}")
+        super().__init__(
+            in_channels,
+            out_channels,
+            bottleneck_channels=bottleneck_channels,
+            stride=stride,
+            num_groups=1,
+            norm=norm,
+            stride_in_1x1=False,
+            dilation=1,
+        )
+        # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
+        self.conv2 = self.attention_layer(self.conv2, weight_init.c2_msra_fill, **attention)
 
 
 def check_stage_names(key: str, stages: Sequence[str]) -> Tuple[str, ...]:

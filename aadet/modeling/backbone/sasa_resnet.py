@@ -9,8 +9,9 @@ ResNet-38 remove 2 and 1 blocks per stage from ResNet-50's ``[3, 4, 6, 3]``. The
 ResNet conv stem or the spatially-aware attention stem (Section 3.2).
 
 The stages are Detectron2's (:func:`~aadet.modeling.backbone.resnet_stages.build_resnet`) with
-:class:`SASABottleneckBlock` in ``MODEL.SASA.STAGES``. Registered as ``build_sasa_resnet_backbone``
-(bottom-up; also callable with plain arguments) and ``build_retinanet_sasa_resnet_fpn_backbone``.
+:class:`SASABottleneckBlock` (the shared attention bottleneck block with SASA's layer) in
+``MODEL.SASA.STAGES``. Registered as ``build_sasa_resnet_backbone`` (bottom-up; also callable
+with plain arguments) and ``build_retinanet_sasa_resnet_fpn_backbone``.
 
 Config keys: ``MODEL.SASA.*`` (``STAGES``, ``STEM``, ``STEM_*``, and the layer keys read by
 :func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`) and Detectron2's
@@ -20,12 +21,11 @@ Config keys: ``MODEL.SASA.*`` (``STAGES``, ``STEM``, ``STEM_*``, and the layer k
 """
 from typing import Any, Dict, Sequence
 
-import fvcore.nn.weight_init as weight_init
 from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
-from detectron2.modeling.backbone.resnet import BottleneckBlock, ResNet
+from detectron2.modeling.backbone.resnet import ResNet
 
 from ...config import config_error, layer_defaults
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
@@ -37,6 +37,7 @@ from .resnet_stages import (
     BASIC_DEPTHS,
     RESNET_BLOCKS_PER_STAGE,
     STAGE_NAMES,
+    AttentionBottleneckBlock,
     ResNetStage,
     basic_stem,
     build_resnet,
@@ -62,15 +63,11 @@ SASA_BLOCKS_PER_STAGE = {
 }
 
 
-class SASABottleneckBlock(BottleneckBlock):
-    """Detectron2's ``BottleneckBlock`` whose 3x3 ``conv2`` is local self-attention + norm.
-
-    ``conv1`` (1x1) -> ReLU -> ``conv2`` = :class:`LocalSelfAttention2d` (stride in its average
-    pooling) + norm -> ReLU -> ``conv3`` (1x1), plus the shortcut: Detectron2's forward,
-    unchanged. The stride is always in the attention layer (``stride_in_1x1`` is ignored: a
-    strided 1x1 would throw away 3/4 of the pixels before the attention could look at them).
-    ``conv2`` is :func:`~aadet.modeling.attention_layers.local_attention_for_conv` of the 3x3
-    convolution it replaces (its norm; value projection initialised with ``c2_msra_fill``).
+class SASABottleneckBlock(AttentionBottleneckBlock):
+    """The attention bottleneck block (:class:`~.resnet_stages.AttentionBottleneckBlock`) with
+    SASA's local self-attention: ``conv2`` is a :class:`LocalSelfAttention2d` + norm
+    (:func:`~aadet.modeling.attention_layers.local_attention_for_conv`), its stride in the
+    attention's average pooling.
 
     ``attention`` (in addition to ``BottleneckBlock``'s arguments): options of the attention
     layer (``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``, ...;
@@ -78,35 +75,7 @@ class SASABottleneckBlock(BottleneckBlock):
     those not given.
     """
 
-    def __init__(
-        self,
-        in_channels,
-        out_channels,
-        *,
-        bottleneck_channels,
-        stride=1,
-        num_groups=1,
-        norm="BN",
-        stride_in_1x1=False,
-        dilation=1,
-        **attention,
-    ):
-        if num_groups != 1:
-            raise ValueError(f"SASABottleneckBlock needs num_groups=1; got {num_groups}")
-        if dilation != 1:
-            raise ValueError(f"SASABottleneckBlock needs dilation=1; got {dilation}")
-        super().__init__(
-            in_channels,
-            out_channels,
-            bottleneck_channels=bottleneck_channels,
-            stride=stride,
-            num_groups=1,
-            norm=norm,
-            stride_in_1x1=False,
-            dilation=1,
-        )
-        # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
-        self.conv2 = local_attention_for_conv(self.conv2, weight_init.c2_msra_fill, **attention)
+    attention_layer = staticmethod(local_attention_for_conv)
 
 
 def _build_stem(cfg, input_shape: ShapeSpec):
