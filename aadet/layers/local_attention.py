@@ -33,6 +33,7 @@ from .functional.dispatch import AUTO
 from .functional.local_attention import (
     DEFAULT_BLOCK_SIZE,
     LOCAL_ATTENTION_BACKENDS,
+    check_recompute,
     local_self_attention_2d_unchecked,
 )
 from .position_encoding import sine_2d
@@ -103,6 +104,10 @@ class LocalSelfAttention2d(nn.Module):
         impl: ``"auto"`` or a route of
             :data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
+        recompute_attention: keep no attention weights for backward but recompute them there
+            (the C++ kernel's recompute mode: less training memory, about a quarter less at
+            80x80, for more time); only with ``impl`` ``"auto"`` (where the route it takes can)
+            or a route that can (see :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).
@@ -120,6 +125,7 @@ class LocalSelfAttention2d(nn.Module):
         block_size: int = DEFAULT_BLOCK_SIZE,
         impl: str = AUTO,
         *,
+        recompute_attention: bool = False,
         bias: bool = False,
         norm: Optional[nn.Module] = None,
         activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
@@ -140,6 +146,7 @@ class LocalSelfAttention2d(nn.Module):
             per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
         )
         LOCAL_ATTENTION_BACKENDS.check(impl)
+        check_recompute(recompute_attention, impl, "recompute_attention")
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -149,6 +156,7 @@ class LocalSelfAttention2d(nn.Module):
         self.positional_encoding = positional_encoding
         self.block_size = block_size
         self.impl = impl
+        self.recompute_attention = recompute_attention
         self.head_channels = dkh
 
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)
@@ -205,7 +213,8 @@ class LocalSelfAttention2d(nn.Module):
         v = split_heads(self.value(x), self.num_heads)  # [B, Nh, H, W, dkh]
         # The arguments were checked when the layer was built; q, k, v are made above.
         out = local_self_attention_2d_unchecked(
-            q, k, v, self.rel_h, self.rel_w, self.kernel_size, self.block_size, self.impl
+            q, k, v, self.rel_h, self.rel_w, self.kernel_size, self.block_size, self.impl,
+            self.recompute_attention,
         )  # [B, Nh, H, W, dkh]
         out = merge_heads(out)  # [B, out_channels, H, W]
         if self.stride == 2:
@@ -275,7 +284,8 @@ class LocalSelfAttention2d(nn.Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"num_heads={self.num_heads}, stride={self.stride}, "
             f"positional_encoding={self.positional_encoding!r}, block_size={self.block_size}, "
-            f"impl={self.impl!r}, bias={self.bias is not None}"
+            f"impl={self.impl!r}, recompute_attention={self.recompute_attention}, "
+            f"bias={self.bias is not None}"
         )
 
 
@@ -284,8 +294,9 @@ class LocalSelfAttention2d(nn.Module):
 CONV_ARGUMENTS = ("in_channels", "out_channels", "stride", "bias", "norm", "activation")
 
 #: Its other arguments, the attention options (``kernel_size``, ``num_heads``,
-#: ``positional_encoding``, ``block_size``, ``impl``, ...): the SASA models pass them through
-#: unchanged (``**kwargs``) from ``MODEL.SASA.*``, whose defaults are read from this signature.
+#: ``positional_encoding``, ``block_size``, ``impl``, ``recompute_attention``): the SASA models
+#: pass them through unchanged (``**kwargs``) from ``MODEL.SASA.*``, whose defaults are read from
+#: this signature.
 ATTENTION_OPTIONS = tuple(
     name for name in inspect.signature(LocalSelfAttention2d).parameters if name not in CONV_ARGUMENTS
 )
