@@ -49,7 +49,7 @@ from .layers.functional.checks import (
     check_one_of,
 )
 from .layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
-from .layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
+from .layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS, check_recompute
 from .layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
 from .layers.halo_attention import POSITIONAL_ENCODINGS as HALO_POSITIONAL_ENCODINGS
 from .layers.local_attention import POSITIONAL_ENCODINGS as SASA_POSITIONAL_ENCODINGS
@@ -334,6 +334,15 @@ def add_sasa_config(cfg):
     sa.IMPL = layer["impl"]
     # Query tile side of the blocked (halo) routes; only speed/memory depend on it.
     sa.BLOCK_SIZE = layer["block_size"]
+    # True: keep no attention weights (k^2 per pixel and head) for backward but recompute them
+    # there from one log-sum-exp per query (the C++ kernel's recompute mode, flash attention's
+    # trick): the same result for less training memory (the SASA layer at 80x80, 256 channels,
+    # k 7: about a quarter less at its peak) and more time (the logits computed again in backward;
+    # tools/benchmark_layers.py --suite sasa measures both). With IMPL "auto" it applies where
+    # auto takes the C++ kernel (CPU); the other routes run as they do. IMPL naming a route
+    # without a recompute mode ("neighborhood", "fused", "materialized") together with True is an
+    # error. Not in the paper, so off.
+    sa.RECOMPUTE_ATTENTION = layer["recompute_attention"]
 
 
 def add_halo_config(cfg):
@@ -520,6 +529,9 @@ def check_sasa_config(cfg):
     for key in ("STEM_MIXTURES", "STEM_NUM_HEADS", "STEM_BLOCK_SIZE", "BLOCK_SIZE"):
         check_int(sa[key], f"MODEL.SASA.{key}", 1, config_error)
     LOCAL_ATTENTION_BACKENDS.check(sa.IMPL, "MODEL.SASA.IMPL", config_error)
+    check_recompute(
+        sa.RECOMPUTE_ATTENTION, sa.IMPL, "MODEL.SASA.RECOMPUTE_ATTENTION", "MODEL.SASA.IMPL", config_error
+    )
 
 
 def check_halo_config(cfg):

@@ -32,8 +32,9 @@ float16 on CUDA, bfloat16 on CPU):
 
 * **SASA** (``--suite sasa``): :class:`aadet.layers.LocalSelfAttention2d` (256 channels, k = 7,
   8 heads, relative; its routes ``impl="cpp"`` -- the C++ kernel, the CPU default --,
-  ``impl="neighborhood"`` -- offset by offset -- and ``impl="fused"`` -- blocked with halos
-  through SDPA, the CUDA default) against
+  ``cpp-recompute`` -- the same kernel with ``recompute_attention=True``, which recomputes the
+  attention weights in backward instead of keeping them --, ``impl="neighborhood"`` -- offset by
+  offset -- and ``impl="fused"`` -- blocked with halos through SDPA, the CUDA default) against
   a 3x3 convolution of the same width and against ``unfold``: the
   same attention written with ``F.unfold`` (every pixel's ``k x k`` keys and values copied,
   ``k^2 = 49`` times the map), out-of-map neighbours masked like ours.
@@ -165,7 +166,7 @@ def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
                         c["skipped"] = f"needs ~{need / 2 ** 30:.1f} GiB > --max-naive-gib"
                     cases.append(c)
         if "sasa" in suites:
-            cpu_kernels = () if cuda else ("cpp",)
+            cpu_kernels = () if cuda else ("cpp", "cpp-recompute")
             for impl in ("neighborhood", "fused") + cpu_kernels + kernels + ("unfold", "conv3x3"):
                 cases.append(
                     dict(suite="sasa", kind="layer", impl=impl, side=s, channels=SASA_CHANNELS)
@@ -219,6 +220,10 @@ def _make_work(case, batch, device, dtype):
             )
         elif case["suite"] == "halo":  # the SASA layer at the same width, its default route
             mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS)
+        elif case["impl"] == "cpp-recompute":
+            mod = LocalSelfAttention2d(
+                c, c, kernel_size=7, num_heads=NUM_HEADS, impl="cpp", recompute_attention=True
+            )
         else:
             impl = case["impl"] if case["impl"] in ("neighborhood", "fused", "cpp", "triton") else "auto"
             mod = LocalSelfAttention2d(c, c, kernel_size=7, num_heads=NUM_HEADS, impl=impl)

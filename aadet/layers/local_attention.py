@@ -26,6 +26,7 @@ from .functional.dispatch import AUTO
 from .functional.local_attention import (
     DEFAULT_BLOCK_SIZE,
     LOCAL_ATTENTION_BACKENDS,
+    check_recompute,
     local_self_attention_2d_unchecked,
 )
 from .local_attention_base import LocalAttention2dBase, attention_options, check_heads
@@ -97,6 +98,10 @@ class LocalSelfAttention2d(LocalAttention2dBase):
         impl: ``"auto"`` or a route of
             :data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS` (see
             :func:`~aadet.layers.functional.local_self_attention_2d`).
+        recompute_attention: keep no attention weights for backward but recompute them there
+            (the C++ kernel's recompute mode: less training memory; BENCHMARKS.md has its time
+            and memory); only with ``impl`` ``"auto"`` (where the route it takes can)
+            or a route that can (see :func:`~aadet.layers.functional.local_self_attention_2d`).
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).
@@ -114,6 +119,7 @@ class LocalSelfAttention2d(LocalAttention2dBase):
         block_size: int = DEFAULT_BLOCK_SIZE,
         impl: str = AUTO,
         *,
+        recompute_attention: bool = False,
         bias: bool = False,
         norm: Optional[nn.Module] = None,
         activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
@@ -127,10 +133,12 @@ class LocalSelfAttention2d(LocalAttention2dBase):
             raise ValueError(f"stride must be 1 or 2; got {stride!r}")
         check_heads(num_heads, out_channels, positional_encoding, POSITIONAL_ENCODINGS)
         LOCAL_ATTENTION_BACKENDS.check(impl)
+        check_recompute(recompute_attention, impl, "recompute_attention")
 
         self.kernel_size = kernel_size
         self.block_size = block_size
         self.impl = impl
+        self.recompute_attention = recompute_attention
         # Queries at every pixel; a stride-2 layer pools the output (forward).
         self._init_attention(
             in_channels,
@@ -172,7 +180,8 @@ class LocalSelfAttention2d(LocalAttention2dBase):
         v = split_heads(self.value(x), self.num_heads)  # [B, Nh, H, W, dkh]
         # The arguments were checked when the layer was built; q, k, v are made above.
         out = local_self_attention_2d_unchecked(
-            q, k, v, self.rel_h, self.rel_w, self.kernel_size, self.block_size, self.impl
+            q, k, v, self.rel_h, self.rel_w, self.kernel_size, self.block_size, self.impl,
+            self.recompute_attention,
         )  # [B, Nh, H, W, dkh]
         out = merge_heads(out)  # [B, out_channels, H, W]
         if self.stride == 2:
@@ -242,13 +251,14 @@ class LocalSelfAttention2d(LocalAttention2dBase):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"num_heads={self.num_heads}, stride={self.stride}, "
             f"positional_encoding={self.positional_encoding!r}, block_size={self.block_size}, "
-            f"impl={self.impl!r}, bias={self.bias is not None}"
+            f"impl={self.impl!r}, recompute_attention={self.recompute_attention}, "
+            f"bias={self.bias is not None}"
         )
 
 
 #: The arguments of :class:`LocalSelfAttention2d` other than those a stand-in for a convolution
 #: takes from that convolution (:data:`~aadet.layers.local_attention_base.CONV_ARGUMENTS`): the
 #: attention options (``kernel_size``, ``num_heads``, ``positional_encoding``, ``block_size``,
-#: ``impl``, ...), which the SASA models pass through unchanged (``**kwargs``) from
+#: ``impl``, ``recompute_attention``, ...), which the SASA models pass through unchanged (``**kwargs``) from
 #: ``MODEL.SASA.*``, whose defaults are read from this signature.
 ATTENTION_OPTIONS = attention_options(LocalSelfAttention2d)

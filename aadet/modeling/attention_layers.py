@@ -47,7 +47,7 @@ def aa_layer_kwargs(cfg) -> dict:
 
 def sasa_layer_kwargs(cfg) -> dict:
     """:class:`LocalSelfAttention2d` options from ``MODEL.SASA.{KERNEL_SIZE, NUM_HEADS,
-    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}``."""
+    POSITIONAL_ENCODING, BLOCK_SIZE, IMPL, RECOMPUTE_ATTENTION}``."""
     sa = cfg.MODEL.SASA
     return dict(
         kernel_size=sa.KERNEL_SIZE,
@@ -55,6 +55,7 @@ def sasa_layer_kwargs(cfg) -> dict:
         positional_encoding=sa.POSITIONAL_ENCODING,
         block_size=sa.BLOCK_SIZE,
         impl=sa.IMPL,
+        recompute_attention=sa.RECOMPUTE_ATTENTION,
     )
 
 
@@ -70,7 +71,7 @@ def local_attention_for_conv(
 
     Args:
         attention_kwargs: ``kernel_size``, ``num_heads``, ``positional_encoding``,
-            ``block_size``, ``impl`` (e.g. :func:`sasa_layer_kwargs`).
+            ``block_size``, ``impl``, ``recompute_attention`` (e.g. :func:`sasa_layer_kwargs`).
     """
     stride = conv.stride[0] if isinstance(conv.stride, tuple) else conv.stride
     attn = LocalSelfAttention2d(

@@ -64,6 +64,22 @@ def test_bad_values_name_the_key(key, value, needle):
         validate_aadet_config(cfg)
 
 
+def test_recompute_attention_is_a_switch_for_routes_that_can():
+    cfg = get_aadet_cfg()
+    assert cfg.MODEL.SASA.RECOMPUTE_ATTENTION is False  # the layer's default
+    for impl in ("auto", "cpp", "triton"):
+        cfg.MODEL.SASA.IMPL, cfg.MODEL.SASA.RECOMPUTE_ATTENTION = impl, True
+        validate_aadet_config(cfg)
+    cfg.MODEL.SASA.IMPL = "neighborhood"
+    with pytest.raises(ConfigValueError, match=re.escape(
+            "Config key MODEL.SASA.RECOMPUTE_ATTENTION must be False with MODEL.SASA.IMPL='neighborhood'")):
+        validate_aadet_config(cfg)
+    cfg.MODEL.SASA.IMPL, cfg.MODEL.SASA.RECOMPUTE_ATTENTION = "auto", 1
+    with pytest.raises(ConfigValueError, match=re.escape(
+            "Config key MODEL.SASA.RECOMPUTE_ATTENTION must be True or False; got 1")):
+        validate_aadet_config(cfg)
+
+
 def test_epoch_steps_must_lie_inside_training():
     cfg = get_aadet_cfg()
     cfg.SOLVER.EPOCHS, cfg.SOLVER.STEPS_EPOCHS = 10, (5, 12)

@@ -243,6 +243,10 @@ def test_out_of_range_values_fail_at_build_time_naming_the_key():
     cfg = load_lazy_config(sasa, ["model.backbone.bottom_up.attention.kernel_size=4"])
     with pytest.raises(LazyBuildError, match=r"model\.backbone\.bottom_up\.attention\.kernel_size.*odd"):
         build(cfg.model, "model")
+    cfg = load_lazy_config(sasa, ["model.backbone.bottom_up.attention.recompute_attention=1"])
+    key = r"model\.backbone\.bottom_up\.attention\.recompute_attention"
+    with pytest.raises(LazyBuildError, match=key + ".*True or False"):
+        build(cfg.model, "model")
     cfg = load_lazy_config(_twin(CONV_DEMO), ["model.backbone.spatial_layer=transformer"])
     with pytest.raises(ConfigValueError, match=r"model\.backbone\.spatial_layer.*'attention'"):
         build(cfg.model, "model")

@@ -215,6 +215,19 @@ def test_cuda_half_autocast(dtype):
     assert float((out.float() - ref).abs().mean()) < 0.05
 
 
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_recompute_is_refused_by_routes_without_it_and_changes_nothing_else(impl):
+    # "auto" and the routes with a recompute mode take it (same result); the others refuse it by name
+    q, k, v, rh, rw = _inputs(1, 2, 5, 6, 4, 3, 3)
+    if impl in LOCAL_ATTENTION_BACKENDS.recomputing():
+        out = local_self_attention_2d(q, k, v, rh, rw, 3, impl=impl, recompute=True)
+        torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, 3), rtol=0, atol=1e-12)
+    else:
+        with pytest.raises(ValueError, match=rf"recompute must be False with impl='{impl}'.*'cpp'"):
+            local_self_attention_2d(q, k, v, rh, rw, 3, impl=impl, recompute=True)
+    assert LOCAL_ATTENTION_BACKENDS.recomputing() == ("auto", "cpp", "triton")
+
+
 def test_functional_errors():
     q, k, v, rh, rw = _inputs(1, 1, 4, 4, 4, 4, 3)
     with pytest.raises(ValueError, match="kernel_size"):
@@ -229,6 +242,8 @@ def test_functional_errors():
         local_self_attention_2d(q[0], k[0], v[0], rh, rw, 3)
     with pytest.raises(ValueError, match="impl must be one of"):
         local_self_attention_2d(q, k, v, rh, rw, 3, impl="unfold")
+    with pytest.raises(ValueError, match="recompute must be True or False; got 1"):
+        local_self_attention_2d(q, k, v, rh, rw, 3, recompute=1)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -350,6 +365,8 @@ def test_flop_count_formula():
         (dict(num_heads=16), "2 channels per head"),
         (dict(block_size=0), "block_size"),
         (dict(impl="cuda"), "impl"),
+        (dict(recompute_attention="yes"), "recompute_attention must be True or False"),
+        (dict(recompute_attention=True, impl="neighborhood"), "recompute_attention must be False with impl"),
     ],
 )
 def test_layer_validation(kwargs, match):
@@ -357,6 +374,26 @@ def test_layer_validation(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         LocalSelfAttention2d(**args)
+
+
+def test_layer_recompute_attention_reaches_the_kernel_and_keeps_the_state_dict(monkeypatch):
+    import aadet.layers.local_attention as layer_module
+
+    calls = []
+    unchecked = layer_module.local_self_attention_2d_unchecked
+    monkeypatch.setattr(layer_module, "local_self_attention_2d_unchecked",
+                        lambda *args: calls.append(args[-1]) or unchecked(*args))
+    torch.manual_seed(0)
+    plain = LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2).double()
+    recompute = LocalSelfAttention2d(8, 16, kernel_size=3, num_heads=2, recompute_attention=True).double()
+    recompute.load_state_dict(plain.state_dict(), strict=True)
+    assert list(recompute.state_dict()) == list(plain.state_dict())
+    x = torch.randn(1, 8, 6, 5, dtype=D)
+    with torch.no_grad():
+        torch.testing.assert_close(recompute(x), _manual_layer(recompute, x), rtol=0, atol=1e-12)
+        plain(x)
+    assert calls == [True, False]
+    assert "recompute_attention=True" in repr(recompute)
 
 
 def test_layer_rejects_wrong_input_channels():

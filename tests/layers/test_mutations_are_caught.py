@@ -2,11 +2,13 @@
 
 ``tests/helpers/broken_attention.py`` breaks the attention of a whole model (the mutations behind
 the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
-that computes attention -- the SASA layer, the HaloNet layer (strided: attention downsampling),
-the AA layer and SASA's spatially-aware stem (both of its routes) -- and the module's output is
-compared with its float64 brute-force composition, the comparison the exactness tests make:
-correct, they agree to rounding; broken, by far more. So the harness reaches every module, and
-each mutation is a bug the exactness tests would catch.
+that computes attention -- the SASA layer (its C++ kernel in both modes: keeping the attention
+weights for backward, and recomputing them there), the HaloNet layer (strided: attention
+downsampling), the AA layer and SASA's spatially-aware stem (both of its routes) -- and the
+module's output is compared with its float64 brute-force composition, the comparison the
+exactness tests make (for the SASA layer also the input's gradient: the recompute mode's own code
+is its backward): correct, they agree to rounding; broken, by far more. So the harness reaches
+every module, and each mutation is a bug the exactness tests would catch.
 """
 import pytest
 import torch
@@ -24,11 +26,15 @@ D = torch.float64
 #: module kind -> (float64 module, its brute-force composition); the stem in both of its routes.
 MODULES = {
     "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3), reference_sasa),
+    "sasa_recompute": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, recompute_attention=True),
+                       reference_sasa),
     "halo": (lambda: HaloSelfAttention2d(6, 8, block_size=4, halo_size=1, num_heads=2, stride=2), reference_halo),
     "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
     "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm=""), reference_stem),
     "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm=""), reference_stem),
 }
+#: the kinds whose input gradient is compared too (the C++ kernel's own backward passes)
+GRADIENT_KINDS = ("sasa", "sasa_recompute")
 CORRECT_ATOL = 1e-10  # what the exactness tests allow (they use 1e-10 to 1e-12)
 BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 
@@ -38,8 +44,15 @@ def _max_error(kind):
     torch.manual_seed(0)
     module = make().double()
     x = torch.randn(2, module.in_channels, 9, 7, dtype=D)
-    with torch.no_grad():
-        return (module(x) - reference(module, x)).abs().max().item()
+    if kind not in GRADIENT_KINDS:
+        with torch.no_grad():
+            return (module(x) - reference(module, x)).abs().max().item()
+    x.requires_grad_(True)
+    out, ref = module(x), reference(module, x)
+    g = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, x, g)
+    (gx_ref,) = torch.autograd.grad(ref, x, g)
+    return max((out - ref).abs().max().item(), (gx - gx_ref).abs().max().item())
 
 
 def test_stem_routes_are_both_exercised():

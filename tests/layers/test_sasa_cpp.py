@@ -1,7 +1,9 @@
 """The SASA C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.sasa_cpp`):
 it builds here, ``auto`` takes it on CPU, it is exact on maps wider than one SIMD vector (the
 float64 cases of test_local_attention.py cover the rest), and without a compiler everything
-falls back to the neighborhood route with a clear message (test_cpu_kernels.py)."""
+falls back to the neighborhood route with a clear message (test_cpu_kernels.py). Its recompute
+mode (``recompute=True``) is exact too, in values and every gradient, on any map and thread
+split, keeps nothing of size ``k^2`` per pixel for backward, and a wrong log-sum-exp is caught."""
 import time
 
 import pytest
@@ -35,12 +37,13 @@ def test_auto_takes_the_kernel_on_cpu_for_supported_windows():
         local_self_attention_2d(q, q, q, None, None, 17, impl="cpp")
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("h,w,ks", [(11, 19, 7), (4, 17, 5), (3, 33, 3), (9, 8, 7), (2, 1, 7)])
-def test_float32_rows_wider_than_a_vector_match_brute_force(h, w, ks):
+def test_float32_rows_wider_than_a_vector_match_brute_force(h, w, ks, recompute):
     # float32 runs 8 lanes a vector: whole vectors, a partial last one, and rows narrower than one.
     ins = _inputs(h, w, ks)
     g = torch.randn(1, 2, h, w, 12)
-    out = local_self_attention_2d(*ins, ks, impl="cpp")
+    out = local_self_attention_2d(*ins, ks, impl="cpp", recompute=recompute)
     grads = torch.autograd.grad(out, ins, g)
     ref_ins = [t.detach().double().requires_grad_(True) for t in ins]
     ref = brute_force(*ref_ins, ks)
@@ -48,6 +51,138 @@ def test_float32_rows_wider_than_a_vector_match_brute_force(h, w, ks):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=5e-5)
+
+
+# ----------------------------------------------------------------------------- recompute mode
+def _float64(b, nh, h, w, dk, dv, ks, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, nh, h, w, dk), (b, nh, h, w, dk), (b, nh, h, w, dv), (ks, dk // 2), (ks, dk - dk // 2)]
+    return [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+
+
+def _errors(ins, ks, g, **kwargs):
+    """Max abs differences to the float64 brute force: the output, then the gradient of each
+    input given (q, k, v, rel_h, rel_w; None inputs skipped)."""
+    a = [None if t is None else t.clone().requires_grad_(True) for t in ins]
+    b = [None if t is None else t.clone().requires_grad_(True) for t in ins]
+    out = local_self_attention_2d(*a, ks, impl="cpp", **kwargs)
+    ref = brute_force(*b, ks)
+    given = [i for i, t in enumerate(a) if t is not None]
+    ga = torch.autograd.grad(out, [a[i] for i in given], g)
+    gb = torch.autograd.grad(ref, [b[i] for i in given], g)
+    return [float((out - ref).detach().abs().max())] + [float((x - y).abs().max()) for x, y in zip(ga, gb)]
+
+
+RECOMPUTE_CASES = [  # (H, W, kernel_size)
+    (5, 7, 3),
+    (9, 4, 5),
+    (3, 2, 7),  # map smaller than the window
+    (2, 1, 7),
+    (1, 1, 3),
+    (7, 7, 7),
+    (6, 5, 1),  # k = 1: each pixel attends to itself only
+    (13, 11, 7),
+    (4, 19, 5),  # rows wider than a float64 vector
+]
+
+
+@pytest.mark.parametrize("relative", [True, False])
+@pytest.mark.parametrize("h,w,ks", RECOMPUTE_CASES)
+def test_recompute_float64_values_and_every_gradient_match_brute_force(h, w, ks, relative):
+    ins = _float64(2, 2, h, w, 5, 3, ks)  # odd dk: halves of 2 and 3 channels
+    if not relative:
+        ins[3] = ins[4] = None
+    g = torch.randn(2, 2, h, w, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    errors = _errors(ins, ks, g, recompute=True)
+    assert len(errors) == (6 if relative else 4)
+    assert max(errors) <= 1e-12, errors
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_recompute_is_exact_whatever_rows_each_thread_takes(threads):
+    # Each thread takes a run of rows and recomputes the r query rows on either side of it (its
+    # neighbours' rows): runs that start and end inside a slice, and several slices per thread.
+    ins = _float64(2, 2, 13, 9, 4, 3, 7, seed=threads)
+    g = torch.randn(2, 2, 13, 9, 3, dtype=torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        errors = _errors(ins, 7, g, recompute=True)
+    finally:
+        torch.set_num_threads(before)
+    assert max(errors) <= 1e-12, errors
+
+
+@pytest.mark.parametrize("layout", ["broadcast", "channels_first", "channels_last"])
+def test_recompute_reads_the_output_gradient_in_any_layout(layout):
+    # The backward reads the output gradient through its strides (no contiguous copy): the
+    # broadcast one of a sum, and dense ones laid out either way.
+    ins = _float64(1, 2, 7, 10, 4, 3, 5)
+    if layout == "broadcast":
+        g = torch.ones(()).expand(1, 2, 7, 10, 3)
+    elif layout == "channels_first":
+        g = torch.randn(1, 2, 3, 7, 10, dtype=torch.float64).permute(0, 1, 3, 4, 2)
+    else:
+        g = torch.randn(1, 2, 7, 10, 3, dtype=torch.float64)
+    errors = _errors(ins, 5, g.to(torch.float64), recompute=True)
+    assert max(errors) <= 1e-12, errors
+
+
+def test_recompute_gradcheck():
+    ins = [t.requires_grad_(True) for t in _float64(1, 2, 4, 3, 4, 2, 3)]
+
+    def fn(q, k, v, rh, rw):
+        return local_self_attention_2d(q, k, v, rh, rw, 3, impl="cpp", recompute=True)
+
+    assert torch.autograd.gradcheck(fn, ins, atol=1e-7)
+
+
+def test_recompute_keeps_nothing_of_size_k2_per_pixel():
+    """What backward keeps: the default mode the probabilities ``[N, k^2, H, Wp]`` and padded
+    copies of q, k, v; the recompute mode q, k, v as given, one log-sum-exp per query and head,
+    and the embeddings."""
+    q, k, v, rh, rw = (t.requires_grad_(True) for t in _inputs(24, 40, 7))  # N = 2, dk 8, dv 12
+    saved = {}
+    for recompute in (False, True):
+        sizes = []
+
+        def pack(t, sizes=sizes):
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            local_self_attention_2d(q, k, v, rh, rw, 7, impl="cpp", recompute=recompute)
+        saved[recompute] = sizes
+    pixels = 2 * 24 * 40
+    assert max(saved[False]) >= 49 * pixels  # the probabilities
+    assert sum(saved[True]) == pixels * (8 + 8 + 12 + 1) + rh.numel() + rw.numel()
+
+
+def test_a_wrong_log_sum_exp_is_caught(monkeypatch):
+    """The recompute tests catch a backward that recomputes wrong probabilities: a log-sum-exp off
+    by 1e-3 (every recomputed weight 0.1% off) moves the gradients far beyond their tolerance,
+    while the output (computed before) stays exact."""
+    ext = sasa_cpp.KERNEL.extension()
+    forward_lse = ext.forward_lse
+    monkeypatch.setattr(ext, "forward_lse", lambda *args: (lambda o, lse: (o, lse + 1e-3))(*forward_lse(*args)))
+    ins = _float64(1, 2, 6, 5, 4, 3, 5)
+    g = torch.randn(1, 2, 6, 5, 3, dtype=torch.float64)
+    errors = _errors(ins, 5, g, recompute=True)
+    assert errors[0] <= 1e-12 and min(errors[1:]) > 1e-6, errors
+
+
+def test_recompute_layer_equals_the_default_mode():
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(32, 32, kernel_size=7, num_heads=4, impl="cpp")
+    x = torch.randn(2, 32, 13, 21, requires_grad=True)
+    ref = layer(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, *layer.parameters()])
+    layer.recompute_attention = True
+    out = layer(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_layer_on_the_kernel_equals_the_neighborhood_route():

@@ -361,6 +361,24 @@ def test_training_step_fully_attentional_retinanet(stem):
 
 
 # ----------------------------------------------------------------------------- layer options
+def test_recompute_attention_key_reaches_every_attention_layer():
+    """MODEL.SASA.RECOMPUTE_ATTENTION reaches every local-attention layer the builders make
+    (backbone, FPN with its P6/P7, head) and changes no parameter or buffer name."""
+    def build(recompute):
+        cfg = small_cfg(RECOMPUTE_ATTENTION=recompute)
+        cfg.MODEL.FPN.SPATIAL_LAYER = "attention"
+        cfg.MODEL.FPN.ATTENTION_TOP_BLOCK = True
+        cfg.MODEL.RETINANET.HEAD_NAME = "AttentionRetinaNetHead"
+        return build_model(cfg)
+
+    model = build(True)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LocalSelfAttention2d)}
+    assert {name.split(".")[0] + "." + name.split(".")[1] for name in layers} >= {
+        "backbone.bottom_up", "backbone.fpn_output3", "backbone.top_block", "head.cls_subnet"}
+    assert all(m.recompute_attention is True for m in layers.values())
+    assert list(model.state_dict()) == list(build(False).state_dict())
+
+
 def test_layer_options_pass_through_unchanged():
     """Options not given fall back to the layer's defaults at every level; given ones arrive."""
     block = SASABottleneckBlock(16, 32, bottleneck_channels=16, stride=2, num_heads=2, impl="fused")

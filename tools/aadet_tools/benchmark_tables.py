@@ -108,6 +108,7 @@ _LABELS = {
     ("sasa", "layer", "neighborhood"): "LocalSelfAttention2d, ours (neighborhood)",
     ("sasa", "layer", "fused"): "LocalSelfAttention2d, ours (blocked, fused SDPA)",
     ("sasa", "layer", "cpp"): "LocalSelfAttention2d, ours (C++ kernel)",
+    ("sasa", "layer", "cpp-recompute"): "LocalSelfAttention2d, ours (C++ kernel, recompute)",
     ("sasa", "layer", "triton"): "LocalSelfAttention2d, ours (Triton kernels)",
     ("sasa", "layer", "unfold"): "naive unfold attention",
     ("sasa", "layer", "conv3x3"): "3x3 conv",

@@ -4,7 +4,8 @@ Three benchmark runs, each with its own baseline (ratios are always taken within
 
 * the SASA layer (``tools/benchmark_layers.py --suite sasa``): ``LocalSelfAttention2d`` 256
   channels, k 7, 8 heads, forward + backward, against a 3x3 convolution of the same width, at
-  80x80 and 40x40;
+  80x80 and 40x40, on the route ``impl="auto"`` takes on CPU (``cpp``) and with
+  ``recompute_attention=True`` (``cpp-recompute``);
 * the demo models (``tools/benchmark.py`` on ``configs/Demo``, 400x400, batch 2): the attention
   demos' training step against the conv demo's;
 * the COCO R50 RetinaNets at a small input (256x256, batch 1): the attention models' training
@@ -60,12 +61,16 @@ CPU_RUNS: Dict[str, tuple] = {
 #: The precisions the CPU runs measure (no autocast in CPU_RUNS): each target gets its verdict in them.
 CPU_PRECISIONS = ("fp32",)
 #: The CPU targets (one definition): training-step time ratios of the models,
-#: the SASA layer's time and memory ratios on the route ``impl="auto"`` takes on CPU (``"cpp"``).
+#: the SASA layer's time and memory ratios on the route ``impl="auto"`` takes on CPU (``"cpp"``),
+#: at 80x80 its memory with the attention weights recomputed in backward (``"cpp-recompute"``,
+#: ``MODEL.SASA.RECOMPUTE_ATTENTION``), and the time that costs.
 CPU_TARGETS = (
     Target("SASA layer 80x80 fwd+bwd time vs 3x3 conv", "layers", "sasa_cpp_80", "train_ms_ratio", 1.0),
     Target("SASA layer 40x40 fwd+bwd time vs 3x3 conv", "layers", "sasa_cpp_40", "train_ms_ratio", 1.0),
-    Target("SASA layer 80x80 fwd+bwd memory vs 3x3 conv", "layers", "sasa_cpp_80",
-           "train_peak_mib_ratio", 2.0),
+    Target("SASA layer 80x80 fwd+bwd memory vs 3x3 conv, recompute on", "layers",
+           "sasa_cpp-recompute_80", "train_peak_mib_ratio", 2.0),
+    Target("SASA layer 80x80 fwd+bwd time vs 3x3 conv, recompute on", "layers",
+           "sasa_cpp-recompute_80", "train_ms_ratio", 1.3),
     Target("SASA layer 40x40 fwd+bwd memory vs 3x3 conv", "layers", "sasa_cpp_40",
            "train_peak_mib_ratio", 2.0),
     Target("demo AA vs conv demo, training step", "configs", "trees_AA_R_26_slim_FPN", "train_ms_ratio", 1.2),

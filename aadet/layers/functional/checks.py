@@ -21,6 +21,7 @@ __all__ = [
     "Interval",
     "argument_error",
     "check_block_attention",
+    "check_bool",
     "check_block_map",
     "check_block_size",
     "check_grid_width",
@@ -104,6 +105,12 @@ def check_int(
 def check_positive_int(value, name: str, error: ErrorFactory = argument_error) -> None:
     """An integer >= 1 (not a bool)."""
     check_int(value, name, 1, error)
+
+
+def check_bool(value, name: str, error: ErrorFactory = argument_error) -> None:
+    """A switch: ``True`` or ``False`` (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise error(name, "True or False", value)
 
 
 def check_one_of(

@@ -37,6 +37,9 @@ class Route(NamedTuple):
             config names it can be exported (:mod:`aadet.export`).
         cuda: it runs on CUDA tensors (the C++ CPU kernels do not).
         blocked: it tiles queries and takes the ``block_size`` keyword (SASA's halo routes).
+        recompute: it takes the ``recompute`` keyword and, given True, keeps no attention
+            weights for backward but recomputes them there (SASA's C++ kernel; Triton's kernels,
+            which always do, drop the keyword).
     """
 
     fn: Callable[..., torch.Tensor]
@@ -44,6 +47,7 @@ class Route(NamedTuple):
     exports: bool = False
     cuda: bool = True
     blocked: bool = False
+    recompute: bool = False
 
 
 class RouteRegistry(Dict[str, Route]):
@@ -65,6 +69,11 @@ class RouteRegistry(Dict[str, Route]):
         """The ``impl`` values a traced or exported model may hold: ``"auto"`` (it takes an
         exporting route while exporting) and the routes flagged ``exports``."""
         return (AUTO,) + tuple(name for name, route in self.items() if route.exports)
+
+    def recomputing(self) -> Tuple[str, ...]:
+        """The ``impl`` values that may be asked to recompute the attention weights in backward:
+        ``"auto"`` (the route it takes does, where it can) and the routes flagged ``recompute``."""
+        return (AUTO,) + tuple(name for name, route in self.items() if route.recompute)
 
     def check(self, impl, name: str = "impl", error: ErrorFactory = argument_error) -> None:
         """``impl`` is one of :meth:`impls` (the message lists them)."""

@@ -23,6 +23,14 @@ here: the caller scales ``q``.
 :func:`auto_local_attention_impl`. A layer that checked its constant arguments when it was built
 calls :func:`local_self_attention_2d_unchecked` in its forward.
 
+``recompute=True`` asks the route not to keep the attention weights (``k^2`` per pixel and
+head) for backward but to recompute them there: less memory in training for more time. The C++
+kernel ``"cpp"`` does it on request and Triton's kernels always do; ``"auto"`` passes the request
+to the route it takes, and where that route cannot honour it (the neighborhood fallback without
+the C++ kernel, the materialized route of an export, ``"fused"`` on CUDA) it runs as without it.
+Naming a route without a recompute mode (``"neighborhood"``, ``"fused"``, ``"materialized"``)
+together with ``recompute=True`` is an error (:func:`check_recompute`).
+
 :func:`local_attention_probs_2d` returns the attention probabilities over each window (it does
 store ``k^2`` values per pixel: an analysis/test helper, not a training path). The stem's
 attention within non-overlapping blocks is :mod:`.blocks`.
@@ -39,13 +47,14 @@ from .backends import sasa_cpp
 from .backends.sasa_cpp import cpp_local_attention
 from .backends.sasa_halo import halo_local_attention_fused, halo_local_attention_materialized
 from .backends.sasa_neighborhood import neighborhood_local_attention
-from .checks import check_block_size, check_local_attention
+from .checks import ErrorFactory, argument_error, check_block_size, check_bool, check_local_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "LOCAL_ATTENTION_BACKENDS",
     "auto_local_attention_impl",
+    "check_recompute",
     "local_attention_probs_2d",
     "local_self_attention_2d",
     "local_self_attention_2d_unchecked",
@@ -58,7 +67,8 @@ DEFAULT_BLOCK_SIZE = 8
 
 #: ``impl`` name -> :class:`~.dispatch.Route` whose ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
 #: out`` runs on checked arguments (shapes as in :func:`local_self_attention_2d`; ``q`` already
-#: scaled; ``rel_h``/``rel_w`` both tensors or both None; plus ``block_size=`` when ``blocked``):
+#: scaled; ``rel_h``/``rel_w`` both tensors or both None; plus ``block_size=`` when ``blocked``,
+#: ``recompute=`` when ``recompute``):
 #: the one list of SASA's routes (``impl`` of the layer, ``MODEL.SASA.IMPL``, the export check).
 #: Adding a route is one file and one entry here.
 LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
@@ -72,8 +82,10 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
         cpp_local_attention,
         "a C++ kernel that visits the window once per query row and pass, vectorized along the "
         f"row; CPU tensors, ``kernel_size`` up to {sasa_cpp.MAX_KERNEL_SIZE}, compiled on first "
-        "use (:mod:`.backends.sasa_cpp`)",
+        "use; keeps the attention weights for backward, or with ``recompute=True`` one "
+        "log-sum-exp per query (:mod:`.backends.sasa_cpp`)",
         cuda=False,
+        recompute=True,
     ),
     "fused": Route(
         halo_local_attention_fused,
@@ -89,10 +101,11 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
         blocked=True,
     ),
     "triton": Route(
-        lazy_backend("backends.sasa_triton", "launch_triton_local_attention"),
+        lazy_backend("backends.sasa_triton", "launch_triton_local_attention", drop=("recompute",)),
         "fused Triton kernels: online softmax over the window, ``q . r`` in-kernel, only the "
-        "output and logsumexp saved for backward; CUDA, or CPU under Triton's interpreter "
-        "(:mod:`.backends.sasa_triton`)",
+        "output and logsumexp saved for backward (it always recomputes); CUDA, or CPU under "
+        "Triton's interpreter (:mod:`.backends.sasa_triton`)",
+        recompute=True,
     ),
 })
 __doc__ += LOCAL_ATTENTION_BACKENDS.describe() + "\n"
@@ -113,6 +126,28 @@ def auto_local_attention_impl(q: torch.Tensor, kernel_size: int) -> str:
     return "neighborhood"
 
 
+def check_recompute(
+    recompute,
+    impl: str,
+    name: str = "recompute",
+    impl_name: str = "impl",
+    error: ErrorFactory = argument_error,
+) -> None:
+    """``recompute`` is True or False, and True only with an ``impl`` that can recompute the
+    attention weights in backward (:meth:`~.dispatch.RouteRegistry.recomputing`: ``"auto"`` or
+    a route flagged ``recompute``). ``name``/``impl_name``: how the caller knows the two values
+    (``"MODEL.SASA.RECOMPUTE_ATTENTION"`` / ``"MODEL.SASA.IMPL"`` for the config)."""
+    check_bool(recompute, name, error)
+    allowed = LOCAL_ATTENTION_BACKENDS.recomputing()
+    if recompute and impl not in allowed:
+        raise error(
+            name,
+            f"False with {impl_name}={impl!r}, a route without a recompute mode (the "
+            f"{impl_name} values that can recompute the attention weights: {allowed})",
+            recompute,
+        )
+
+
 def local_self_attention_2d(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -123,6 +158,7 @@ def local_self_attention_2d(
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     impl: str = AUTO,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """SASA local self-attention over centred ``k x k`` windows clipped to the map (Eq. 3).
 
@@ -139,6 +175,8 @@ def local_self_attention_2d(
             the ``(b + 2r)^2`` keys every query of a tile scores.
         impl: ``"auto"`` (:func:`auto_local_attention_impl`) or a route of
             :data:`LOCAL_ATTENTION_BACKENDS` (the module docstring lists them).
+        recompute: keep no attention weights for backward, recompute them there (less memory,
+            more time; only with ``impl`` ``"auto"`` or a route that can: the module docstring).
 
     Returns:
         ``[B, Nh, H, W, dv]``.
@@ -146,7 +184,10 @@ def local_self_attention_2d(
     check_local_attention(q, k, v, rel_h, rel_w, kernel_size)
     check_block_size(block_size)
     LOCAL_ATTENTION_BACKENDS.check(impl)
-    return local_self_attention_2d_unchecked(q, k, v, rel_h, rel_w, kernel_size, block_size, impl)
+    check_recompute(recompute, impl)
+    return local_self_attention_2d_unchecked(
+        q, k, v, rel_h, rel_w, kernel_size, block_size, impl, recompute
+    )
 
 
 def local_self_attention_2d_unchecked(
@@ -158,16 +199,20 @@ def local_self_attention_2d_unchecked(
     kernel_size: int,
     block_size: int,
     impl: str,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """:func:`local_self_attention_2d` on arguments its caller has checked: what a layer calls in
-    its forward, having checked ``kernel_size``, ``block_size`` and ``impl`` when it was built and
-    made ``q, k, v`` and the embeddings itself."""
+    its forward, having checked ``kernel_size``, ``block_size``, ``impl`` and ``recompute`` when
+    it was built and made ``q, k, v`` and the embeddings itself."""
     if impl == AUTO:
         impl = auto_local_attention_impl(q, kernel_size)
     route = LOCAL_ATTENTION_BACKENDS[impl]
+    options = {}
     if route.blocked:
-        return route.fn(q, k, v, rel_h, rel_w, kernel_size, block_size=block_size)
-    return route.fn(q, k, v, rel_h, rel_w, kernel_size)
+        options["block_size"] = block_size
+    if route.recompute:
+        options["recompute"] = recompute
+    return route.fn(q, k, v, rel_h, rel_w, kernel_size, **options)
 
 
 def local_attention_probs_2d(

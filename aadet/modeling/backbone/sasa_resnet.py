@@ -154,8 +154,8 @@ def build_sasa_resnet_backbone(
             :class:`~aadet.layers.SpatiallyAwareAttentionStem`).
         attention_stages: stages whose spatial convolutions are local attention.
         attention: :class:`~aadet.layers.LocalSelfAttention2d` options (``kernel_size``,
-            ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``; the layer's
-            defaults for those not given).
+            ``num_heads``, ``positional_encoding``, ``block_size``, ``impl``,
+            ``recompute_attention``; the layer's defaults for those not given).
         resnet: :func:`~.resnet_stages.build_resnet`'s other arguments.
 
     Raises:

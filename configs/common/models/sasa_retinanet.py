@@ -25,7 +25,7 @@ _sa = _d.MODEL.SASA
 model.backbone.bottom_up._target_ = build_sasa_resnet_backbone
 model.backbone.bottom_up.update(
     attention_stages=list(_sa.STAGES),  # MODEL.SASA.STAGES: res2-res5
-    # MODEL.SASA.{KERNEL_SIZE, NUM_HEADS, POSITIONAL_ENCODING, BLOCK_SIZE, IMPL}
+    # MODEL.SASA.{KERNEL_SIZE, NUM_HEADS, POSITIONAL_ENCODING, BLOCK_SIZE, IMPL, RECOMPUTE_ATTENTION}
     attention=sasa_layer_kwargs(_d),
 )
 

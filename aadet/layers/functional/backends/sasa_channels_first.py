@@ -12,7 +12,12 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-__all__ = ["apply_channels_first", "relative_gradients", "relative_logit_terms"]
+__all__ = [
+    "apply_channels_first",
+    "relative_gradients",
+    "relative_logit_terms",
+    "relative_term_gradients",
+]
 
 
 def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w, kernel_size):
@@ -31,12 +36,14 @@ def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w,
 
 
 def relative_logit_terms(q: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor):
-    """``(row, col)``, each ``[N, k, H, W]``: ``row[:, a] = q[:, :dk//2] . rel_h[a]`` and ``col[:, c]
-    = q[:, dk//2:] . rel_w[c]`` for channels-first ``q [N, dk, H, W]``."""
-    dr = q.shape[1] // 2
-    row = torch.einsum("ndhw,ad->nahw", q[:, :dr], rel_h)
-    col = torch.einsum("ndhw,cd->nchw", q[:, dr:], rel_w)
-    return row, col
+    """``(row, col)``, each ``[N, k, H, W]`` and contiguous: ``row[:, a] = q[:, :dk//2] . rel_h[a]``
+    and ``col[:, c] = q[:, dk//2:] . rel_w[c]`` for channels-first ``q [N, dk, H, W]`` (one
+    batched matmul each, on ``q``'s channel halves as they lie: no copy of ``q``)."""
+    n, dk, h, w = q.shape
+    dr = dk // 2
+    row = torch.matmul(rel_h, q[:, :dr].reshape(n, dr, h * w))  # [N, k, HW]
+    col = torch.matmul(rel_w, q[:, dr:].reshape(n, dk - dr, h * w))
+    return row.view(n, -1, h, w), col.view(n, -1, h, w)
 
 
 def relative_gradients(
@@ -51,9 +58,23 @@ def relative_gradients(
     k + c``) and channels-first ``q [N, dk, H, W]``: adds ``dL/dq`` in place to ``gq`` (unless
     None) and returns ``(grad rel_h, grad rel_w)`` (None where ``need_rel`` says so)."""
     ks = rel_h.shape[0]
-    dr = q.shape[1] // 2
     grid = glogits.unflatten(1, (ks, ks))  # [N, k, k, H, W]
-    grow, gcol = grid.sum(2), grid.sum(1)  # [N, k, H, W] each
+    return relative_term_gradients(grid.sum(2), grid.sum(1), q, rel_h, rel_w, gq, need_rel)
+
+
+def relative_term_gradients(
+    grow: torch.Tensor,
+    gcol: torch.Tensor,
+    q: torch.Tensor,
+    rel_h: torch.Tensor,
+    rel_w: torch.Tensor,
+    gq: Optional[torch.Tensor],
+    need_rel: Tuple[bool, bool],
+):
+    """:func:`relative_gradients` from the gradients of the terms themselves, ``grow = dL/drow``
+    and ``gcol = dL/dcol`` ``[N, k, H, W]`` (``dL/dlogits`` summed over the window's columns,
+    resp. rows; what the C++ kernel's recompute mode returns)."""
+    dr = q.shape[1] // 2
     if gq is not None:
         gq[:, :dr] += torch.einsum("nahw,ad->ndhw", grow, rel_h)
         gq[:, dr:] += torch.einsum("nchw,cd->ndhw", gcol, rel_w)

@@ -15,6 +15,18 @@ windows clipped to the map) with the kernels of ``csrc/sasa_cpu.cpp``:
   threads write one row); the gradients of the relative embeddings are two einsums over
   ``dL/dlogits``.
 
+``recompute=True`` (the layer's ``recompute_attention``, ``MODEL.SASA.RECOMPUTE_ATTENTION``)
+keeps nothing of size ``k^2`` per pixel for backward, flash attention's trick as in HaloNet's
+kernel (:mod:`.halo_cpp`): forward saves ``q, k, v`` as given (the projections' output: no
+padded copies; the passes read them through a few padded rows per thread) and one log-sum-exp
+per query and head; backward visits the query rows in order, recomputes each row's logits,
+``p = exp(logits - lse)`` and ``dL/dlogits = p (dL/dp - rowsum(p dL/dp))``, writes its ``dL/dq``
+and the row/column sums the embeddings' gradients need, and keeps the last ``k`` rows' ``p`` and
+``dL/dlogits`` for the key rows' ``dL/dk``, ``dL/dv``. It trades the ``[N, k^2, H, W]``
+probabilities and logit gradients and the padded copies (at 80x80, 256 channels, k 7: the
+layer's peak training memory about a quarter lower) for a second computation of the logits and
+``dL/dp`` in backward (``tools/benchmark_layers.py --suite sasa`` measures both modes).
+
 Every loop runs along a row of the channels-first maps in SIMD vectors, with the window's offsets
 (or a block of channels) accumulated in registers; rows run in parallel on PyTorch's intra-op
 threads. On this project's CPU the layer's training step (256 channels, k 7) takes less time than a
@@ -34,7 +46,12 @@ from typing import Optional
 import torch
 
 from .cpu_kernels import KERNELS
-from .sasa_channels_first import apply_channels_first, relative_gradients, relative_logit_terms
+from .sasa_channels_first import (
+    apply_channels_first,
+    relative_gradients,
+    relative_logit_terms,
+    relative_term_gradients,
+)
 
 __all__ = ["MAX_KERNEL_SIZE", "KERNEL", "available", "build", "build_error", "cpp_local_attention"]
 
@@ -118,6 +135,54 @@ class _CppLocalAttention(torch.autograd.Function):
         return gq, gk, gv, grh, grw, None
 
 
+class _CppLocalAttentionRecompute(torch.autograd.Function):
+    """:class:`_CppLocalAttention` that saves ``q, k, v`` and the log-sum-exp of every query, not
+    the probabilities, and recomputes them in backward (``recompute=True``; see the module
+    docstring). Same arguments and result."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, kernel_size):
+        ext = _extension()
+        dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
+        ct = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k, v = (t.to(ct).contiguous() for t in (q, k, v))
+            if rel_h is not None:
+                rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
+                row, col = relative_logit_terms(q, rel_h, rel_w)  # [N, k, H, W] each
+            else:
+                row = col = q.new_empty(0)
+            out, lse = ext.forward_lse(q, k, v, row, col, kernel_size)  # lse: [N, H, W]
+        ctx.save_for_backward(q, k, v, lse, rel_h, rel_w)
+        ctx.kernel_size = kernel_size
+        ctx.dtypes = dtypes
+        return out.to(dtypes[2])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, lse, rel_h, rel_w = ctx.saved_tensors
+        need_q, need_k, need_v, need_rh, need_rw, _ = ctx.needs_input_grad
+        ext = _extension()
+        grh = grw = None
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            if rel_h is not None:
+                row, col = relative_logit_terms(q, rel_h, rel_w)
+            else:
+                row = col = q.new_empty(0)
+            g = grad_out.to(q.dtype)  # any strides: a broadcast gradient stays one
+            gq, gk, gv, grow, gcol = ext.backward_recompute(g, q, k, v, lse, row, col, ctx.kernel_size)
+            del row, col, g
+            if rel_h is not None:
+                grh, grw = relative_term_gradients(
+                    grow, gcol, q, rel_h, rel_w, gq if need_q else None, (need_rh, need_rw)
+                )
+                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
+        gq = gq.to(ctx.dtypes[0]) if need_q else None
+        gk = gk.to(ctx.dtypes[1]) if need_k else None
+        gv = gv.to(ctx.dtypes[2]) if need_v else None
+        return gq, gk, gv, grh, grw, None
+
+
 def cpp_local_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,9 +190,12 @@ def cpp_local_attention(
     rel_h: Optional[torch.Tensor],
     rel_w: Optional[torch.Tensor],
     kernel_size: int,
+    *,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """SASA local attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
-    shaped as for :func:`~.sasa_channels_first.apply_channels_first`."""
+    shaped as for :func:`~.sasa_channels_first.apply_channels_first`; ``recompute``: recompute
+    the attention weights in backward instead of keeping them (module docstring)."""
     if q.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
     if kernel_size > MAX_KERNEL_SIZE:
@@ -135,4 +203,5 @@ def cpp_local_attention(
             f"impl='cpp' takes kernel_size up to {MAX_KERNEL_SIZE}; got {kernel_size} "
             "(use impl='neighborhood' or 'auto')"
         )
-    return apply_channels_first(_CppLocalAttention.apply, q, k, v, rel_h, rel_w, kernel_size)
+    fn = _CppLocalAttentionRecompute.apply if recompute else _CppLocalAttention.apply
+    return apply_channels_first(fn, q, k, v, rel_h, rel_w, kernel_size)

@@ -20,8 +20,19 @@
 //   backward_q(gp, kp, vp, probs, W, K) -> (gq [N, dk, H, W] (content term), glogits like probs)
 //   backward_kv(gp, qp, probs, glogits, W, K) -> (gk [N, dk, H, W], gv [N, dv, H, W])
 //
+// The recompute mode keeps nothing of size K*K per pixel between forward and backward (flash
+// attention's trick): its passes read the unpadded maps through per-thread RowRings of K padded
+// rows (no padded copies either), and backward recomputes the probabilities from the forward's
+// log-sum-exp, one query row at a time:
+//
+//   forward_lse(q, k, v, row, col, K) -> (out [N, dv, H, W], lse [N, H, W])
+//   backward_recompute(g, q, k, v, lse, row, col, K) -> (gq, gk, gv, grow, gcol [N, K, H, W])
+//     g: the output gradient, any strides; grow, gcol: the gradients of row, col (empty tensors
+//     without them).
+//
 // Rows are independent: at::parallel_for over the N * H query rows (forward, backward_q) or key
-// rows (backward_kv), so no two threads write one row. float32 and float64; K odd, 1..15.
+// rows (backward_kv, backward_recompute), so no two threads write one row. float32 and float64;
+// K odd, 1..15.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -131,21 +142,23 @@ void window_sum_row(const T* const* P, int64_t sp, const T* const* B, int64_t sb
 }
 
 // Scores of query row y against its in-map window rows: for every key row yy = y + a - r inside
-// the map, S[(a * K + c) * Wp + r + x] = sum_{d < D} A[d * HWp + x] * B[d * HWp + yy * Wp + x + c]
-// (A: the query-side row, at its query x = 0; B: the key-side map of this slice, padded). Rows
-// outside the map are left as they are. Returns how many rows are in the map; their a in rows_a.
-template <typename T, int K>
-int window_scores(const T* A, const T* B, int64_t D, int64_t y, const Geometry& geo, T* S, int* rows_a) {
+// the map, S[(a * K + c) * Wp + r + x] = sum_{d < D} A[d * sa + x] * B(yy)[d * sb + x + c]
+// (A: the query-side row, at its query x = 0; B(yy): the padded key-side row yy of this slice,
+// from the padded map or a RowRing). Rows outside the map are left as they are. Returns how many
+// rows are in the map; their a in rows_a.
+template <typename T, int K, typename Rows>
+int window_scores(const T* A, int64_t sa, const Rows& B, int64_t sb, int64_t D, int64_t y,
+                  const Geometry& geo, T* S, int* rows_a) {
   using V = Vec<T>;
-  const int64_t HWp = geo.H * geo.Wp;
   typename V::type acc[K];
   int nrows = 0;
   for (int a = 0; a < K; ++a) {
     const int64_t yy = y + a - geo.r;
     if (yy < 0 || yy >= geo.H) continue;
     T* Sa = S + a * K * geo.Wp + geo.r;
+    const T* Brow = B(yy);
     for (int64_t xb = 0; xb < geo.Wq; xb += V::L) {
-      window_dot<T, K>(A, HWp, B + yy * geo.Wp, HWp, D, xb, acc);
+      window_dot<T, K>(A, sa, Brow, sb, D, xb, acc);
       for (int c = 0; c < K; ++c) V::store(Sa + c * geo.Wp + xb, acc[c]);
     }
     rows_a[nrows++] = a;
@@ -153,26 +166,109 @@ int window_scores(const T* A, const T* B, int64_t D, int64_t y, const Geometry& 
   return nrows;
 }
 
+// Adds the positional logit terms row[a] + col[c] of query row y to the logits Lo of window
+// offset (a, c), for the in-map queries x in [x0, x1) (nothing without positional terms).
 template <typename T, int K>
-void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T* col, T* out,
-                    T* probs, int64_t dk, int64_t dv, const Geometry& geo) {
-  using V = Vec<T>;
+inline void add_positions(T* Lo, const T* row, const T* col, int64_t n, int a, int c, int64_t y,
+                          int64_t x0, int64_t x1, const Geometry& geo) {
+  if (row == nullptr) return;
+  const int64_t HW = geo.H * geo.W;
+  const T* rr = row + (n * K + a) * HW + y * geo.W;
+  const T* cc = col + (n * K + c) * HW + y * geo.W;
+  for (int64_t x = x0; x < x1; ++x) Lo[x] += rr[x] + cc[x];
+}
+
+// The padded rows of one channels-first map slice [D, H, W], `slots` at a time, as the window
+// slides down the map: how the recompute mode reads its unpadded inputs instead of padded
+// copies. Row yy lives in slot yy % slots as [D][Wp], the map row at [r, r + W) and zeros around
+// it (loads write [r, r + W) only, so the zeros stay), i.e. the padded layout with channel
+// stride Wp. The slice may have any strides (sd, sh, sw) (e.g. a broadcast output gradient,
+// which is then never made contiguous).
+template <typename T>
+class RowRing {
+ public:
+  RowRing(int slots, int64_t D, const Geometry& g)
+      : slots_(slots), D_(D), Wp_(g.Wp), r_(g.r), W_(g.W),
+        buf_(static_cast<size_t>(slots) * D * g.Wp, T(0)) {}
+  // Read the slice at src (strides sd, sh, sw; contiguous by default), from its row `first` on.
+  void reset(const T* src, int64_t first, int64_t sd, int64_t sh, int64_t sw) {
+    src_ = src;
+    next_ = first;
+    sd_ = sd;
+    sh_ = sh;
+    sw_ = sw;
+  }
+  void reset(const T* src, int64_t first, const Geometry& g) { reset(src, first, g.H * g.W, g.W, 1); }
+  // Load the rows up to `last` (inclusive, in order): then the rows (last - slots, last] are held.
+  void load_until(int64_t last) {
+    for (; next_ <= last; ++next_) {
+      T* dst = buf_.data() + (next_ % slots_) * D_ * Wp_ + r_;
+      const T* s = src_ + next_ * sh_;
+      for (int64_t d = 0; d < D_; ++d) {
+        if (sw_ == 1) {
+          std::memcpy(dst + d * Wp_, s + d * sd_, W_ * sizeof(T));
+        } else {
+          for (int64_t x = 0; x < W_; ++x) dst[d * Wp_ + x] = s[d * sd_ + x * sw_];
+        }
+      }
+    }
+  }
+  const T* row(int64_t yy) const { return buf_.data() + (yy % slots_) * D_ * Wp_; }
+
+ private:
+  int slots_;
+  int64_t D_, Wp_, r_, W_;
+  std::vector<T> buf_;
+  const T* src_ = nullptr;
+  int64_t next_ = 0, sd_ = 0, sh_ = 0, sw_ = 1;
+};
+
+// Forward over the query rows. kRecompute false: q, k, v are the padded maps [N, d, H, Wp] and
+// the probabilities are saved to `saved` [N, K*K, H, Wp]; true: q, k, v are the unpadded maps
+// [N, d, H, W], read through RowRings, and `saved` [N, H, W] gets the log-sum-exp of every query.
+template <typename T, int K, bool kRecompute>
+void forward_kernel(const T* q, const T* k, const T* v, const T* row, const T* col, T* out,
+                    T* saved, int64_t dk, int64_t dv, const Geometry& geo) {
   const int64_t H = geo.H, W = geo.W, r = geo.r, Wq = geo.Wq, Wp = geo.Wp;
   const int64_t HWp = H * Wp, HW = H * W, KK = K * K;
+  // channel stride of the rows the passes read: the padded maps' or a RowRing's
+  const int64_t sd = kRecompute ? Wp : HWp;
   at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
     // This row's window: logits, then probabilities, per offset o at L + o * Wp (x at [r + x]).
     std::vector<T> Lbuf(KK * Wp), mx(Wq), sum(Wq);
     T* L = Lbuf.data();
+    RowRing<T> qr(kRecompute ? 1 : 0, dk, geo), kr(kRecompute ? K : 0, dk, geo), vr(kRecompute ? K : 0, dv, geo);
     for (int64_t ny = begin; ny < end; ++ny) {
       const int64_t n = ny / H, y = ny % H;
+      const T* qrow;
+      auto krow = [&](int64_t yy) -> const T* {
+        if constexpr (kRecompute) return kr.row(yy);
+        else return k + n * dk * HWp + yy * Wp;
+      };
+      auto vrow_of = [&](int64_t yy) -> const T* {
+        if constexpr (kRecompute) return vr.row(yy);
+        else return v + n * dv * HWp + yy * Wp;
+      };
+      if constexpr (kRecompute) {
+        if (ny == begin || y == 0) {  // a new slice
+          qr.reset(q + n * dk * HW, y, geo);
+          kr.reset(k + n * dk * HW, std::max<int64_t>(0, y - r), geo);
+          vr.reset(v + n * dv * HW, std::max<int64_t>(0, y - r), geo);
+        }
+        qr.load_until(y);
+        kr.load_until(std::min(H - 1, y + r));
+        vr.load_until(std::min(H - 1, y + r));
+        qrow = qr.row(y) + r;
+      } else {
+        qrow = q + n * dk * HWp + y * Wp + r;
+      }
       T* rows_of[K];  // the in-map window rows' logits (query x at [x])
       const T* vrow[K];
       int rows_a[K];
       std::fill(Lbuf.begin(), Lbuf.end(), T(0));
       std::fill(mx.begin(), mx.end(), -std::numeric_limits<T>::max());
-      const int nrows = window_scores<T, K>(qp + n * dk * HWp + y * Wp + r, kp + n * dk * HWp, dk,
-                                            y, geo, L, rows_a);
+      const int nrows = window_scores<T, K>(qrow, sd, krow, sd, dk, y, geo, L, rows_a);
       for (int i = 0; i < nrows; ++i) {
         const int a = rows_a[i];
         T* La = L + a * K * Wp + r;
@@ -182,16 +278,12 @@ void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T
           geo.clip(c, x0, x1);
           std::fill(Lo, Lo + x0, T(0));
           std::fill(Lo + x1, Lo + Wq, T(0));
-          if (row != nullptr) {
-            const T* rr = row + (n * K + a) * HW + y * W;
-            const T* cc = col + (n * K + c) * HW + y * W;
-            for (int64_t x = x0; x < x1; ++x) Lo[x] += rr[x] + cc[x];
-          }
+          add_positions<T, K>(Lo, row, col, n, a, c, y, x0, x1, geo);
           T* m = mx.data();
           for (int64_t x = x0; x < x1; ++x) m[x] = std::max(m[x], Lo[x]);
         }
         rows_of[i] = La;
-        vrow[i] = vp + n * dv * HWp + (y + a - r) * Wp;
+        vrow[i] = vrow_of(y + a - r);
       }
       // Softmax over the in-map keys (the centre key is always in-map, so sum >= 1): exp of
       // whole vectors, then the off-map columns back to exactly 0.
@@ -210,6 +302,10 @@ void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T
           for (int64_t x = 0; x < Wq; ++x) sm[x] += Lo[x];
         }
       }
+      if constexpr (kRecompute) {
+        T* lse = saved + (n * H + y) * W;
+        for (int64_t x = 0; x < W; ++x) lse[x] = mx[x] + std::log(sum[x]);
+      }
       for (int64_t x = 0; x < W; ++x) sum[x] = T(1) / sum[x];
       for (int i = 0; i < nrows; ++i) {
         for (int c = 0; c < K; ++c) {
@@ -219,13 +315,15 @@ void forward_kernel(const T* qp, const T* kp, const T* vp, const T* row, const T
         }
       }
       // Save the probabilities (padded rows; rows outside the map are zeros) ...
-      for (int64_t o = 0; o < KK; ++o)
-        std::memcpy(probs + (n * KK + o) * HWp + y * Wp, L + o * Wp, Wp * sizeof(T));
+      if constexpr (!kRecompute) {
+        for (int64_t o = 0; o < KK; ++o)
+          std::memcpy(saved + (n * KK + o) * HWp + y * Wp, L + o * Wp, Wp * sizeof(T));
+      }
       // ... and accumulate the values: out[d, x] = sum_o P[o, x] * v[d, yy, x + c].
       // window_sum reads P at rows_of[a] + c * Wp + x, v at vrow[a] + x + c.
       const T* pq[K];
       for (int i = 0; i < nrows; ++i) pq[i] = rows_of[i];
-      window_sum_row<T, K, false>(pq, Wp, vrow, HWp, nrows, dv, out + n * dv * HW + y * W, HW, geo);
+      window_sum_row<T, K, false>(pq, Wp, vrow, sd, nrows, dv, out + n * dv * HW + y * W, HW, geo);
     }
   });
 }
@@ -249,7 +347,9 @@ void backward_q_kernel(const T* gp, const T* kp, const T* vp, const T* probs, T*
       std::fill(Gbuf.begin(), Gbuf.end(), T(0));
       std::fill(dot.begin(), dot.end(), T(0));
       // dL/dp[o, x] = g[:, x] . v[:, yy, x + c], and sum_o p dL/dp.
-      const int nrows = window_scores<T, K>(gp + n * dv * HWp + y * Wp + r, vp + n * dv * HWp, dv,
+      const T* vslice = vp + n * dv * HWp;
+      const int nrows = window_scores<T, K>(gp + n * dv * HWp + y * Wp + r, HWp,
+                                            [&](int64_t yy) { return vslice + yy * Wp; }, HWp, dv,
                                             y, geo, G, rows_a);
       for (int i = 0; i < nrows; ++i) {
         const int a = rows_a[i];
@@ -313,6 +413,131 @@ void backward_kv_kernel(const T* gp, const T* qp, const T* probs, const T* glogi
   });
 }
 
+// Backward of the recompute mode, from the unpadded q, k, v [N, d, H, W], the output gradient g
+// [N, dv, H, W] (strides gs[0..3]) and the log-sum-exp [N, H, W] of the forward: nothing of size K*K per pixel is
+// read or written. Each thread takes the key rows [y0, y1) of a slice and visits the query rows
+// [y0 - r, y1 + r) in order (clipped to the map); per query row it recomputes the logits S and
+// P = exp(S - lse), dP = g . v (the window's values), dS = P (dP - D) with D = sum_o P dP (= g . out),
+// writes dq = sum_o dS k and the positional gradients (row and column sums of dS) of the rows in
+// [y0, y1), and keeps P, dS, q and g of the last K query rows: all that key row yk = yq - r needs
+// for dk = sum dS q and dv = sum P g over the K query rows that see it (the gather of backward_kv).
+// A thread's first and last r query rows are recomputed by its neighbours too (none with one thread).
+template <typename T, int K>
+void backward_recompute_kernel(const T* g, const int64_t* gs, const T* q, const T* k, const T* v,
+                               const T* lse, const T* row, const T* col, T* gq, T* gk, T* gv,
+                               T* grow, T* gcol, int64_t dk, int64_t dv, const Geometry& geo) {
+  const int64_t H = geo.H, W = geo.W, r = geo.r, Wq = geo.Wq, Wp = geo.Wp;
+  const int64_t HW = H * W, KK = K * K, PW = KK * Wp;
+  at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
+    FlushDenormals ftz;
+    RowRing<T> kr(K, dk, geo), vr(K, dv, geo);  // key rows of the query pass
+    RowRing<T> qr(K, dk, geo), gr(K, dv, geo);  // query rows of the key pass
+    // P and dS of the last K query rows, query row yq in slot yq % K: offset o at + o * Wp, x at [r + x]
+    std::vector<T> Pbuf(K * PW), Sbuf(K * PW), lrow(Wq, T(0)), dot(Wq);
+    for (int64_t s = begin; s < end;) {
+      const int64_t n = s / H, y0 = s % H, y1 = std::min(H, y0 + (end - s));
+      s += y1 - y0;
+      kr.reset(k + n * dk * HW, std::max<int64_t>(0, y0 - 2 * r), geo);
+      vr.reset(v + n * dv * HW, std::max<int64_t>(0, y0 - 2 * r), geo);
+      qr.reset(q + n * dk * HW, std::max<int64_t>(0, y0 - r), geo);
+      gr.reset(g + n * gs[0], std::max<int64_t>(0, y0 - r), gs[1], gs[2], gs[3]);
+      auto krow = [&](int64_t yy) { return kr.row(yy); };
+      auto vrow = [&](int64_t yy) { return vr.row(yy); };
+      int64_t next_q = std::max<int64_t>(0, y0 - r);
+      for (int64_t yk = y0; yk < y1; ++yk) {
+        // --- the query rows key row yk needs, each once
+        for (; next_q <= std::min(H - 1, yk + r); ++next_q) {
+          const int64_t yq = next_q;
+          kr.load_until(std::min(H - 1, yq + r));
+          vr.load_until(std::min(H - 1, yq + r));
+          qr.load_until(yq);
+          gr.load_until(yq);
+          T* P = Pbuf.data() + (yq % K) * PW;
+          T* dS = Sbuf.data() + (yq % K) * PW;
+          std::fill(P, P + PW, T(0));
+          std::fill(dS, dS + PW, T(0));
+          int rows_a[K], rows_b[K];
+          const int nrows = window_scores<T, K>(qr.row(yq) + r, Wp, krow, Wp, dk, yq, geo, P, rows_a);
+          window_scores<T, K>(gr.row(yq) + r, Wp, vrow, Wp, dv, yq, geo, dS, rows_b);  // dP
+          const T* l = lse + (n * H + yq) * W;
+          std::copy(l, l + W, lrow.begin());
+          std::fill(dot.begin(), dot.end(), T(0));
+          for (int i = 0; i < nrows; ++i) {
+            const int a = rows_a[i];
+            for (int c = 0; c < K; ++c) {
+              T* Po = P + (a * K + c) * Wp + r;
+              const T* Go = dS + (a * K + c) * Wp + r;
+              int64_t x0, x1;
+              geo.clip(c, x0, x1);
+              add_positions<T, K>(Po, row, col, n, a, c, yq, x0, x1, geo);
+              for (int64_t x = 0; x < Wq; ++x) Po[x] -= lrow[x];
+              exp_inplace(Po, Wq);
+              std::fill(Po, Po + x0, T(0));
+              std::fill(Po + x1, Po + Wq, T(0));
+              T* dt = dot.data();
+              for (int64_t x = 0; x < Wq; ++x) dt[x] += Po[x] * Go[x];
+            }
+          }
+          // Softmax backward: dS = P (dP - D) (0 off the map and in the padding, where P is).
+          for (int i = 0; i < nrows; ++i) {
+            const int a = rows_a[i];
+            for (int c = 0; c < K; ++c) {
+              const T* Po = P + (a * K + c) * Wp + r;
+              T* Go = dS + (a * K + c) * Wp + r;
+              const T* dt = dot.data();
+              for (int64_t x = 0; x < Wq; ++x) Go[x] = Po[x] * (Go[x] - dt[x]);
+            }
+          }
+          if (yq < y0 || yq >= y1) continue;  // a neighbour's row: only its P and dS are needed here
+          // dL/dq[d, x] = sum_o dS[o, x] * k[d, yy, x + c].
+          const T* dsr[K];
+          const T* kw[K];
+          for (int i = 0; i < nrows; ++i) {
+            dsr[i] = dS + rows_a[i] * K * Wp + r;
+            kw[i] = kr.row(yq + rows_a[i] - r);
+          }
+          window_sum_row<T, K, false>(dsr, Wp, kw, Wp, nrows, dk, gq + n * dk * HW + yq * W, HW, geo);
+          if (grow != nullptr) {  // dS summed over the window's columns (rows) per row (column) offset
+            for (int a = 0; a < K; ++a) {
+              T* gr_a = grow + ((n * K + a) * H + yq) * W;
+              std::fill(gr_a, gr_a + W, T(0));
+              for (int c = 0; c < K; ++c) {
+                const T* Go = dS + (a * K + c) * Wp + r;
+                for (int64_t x = 0; x < W; ++x) gr_a[x] += Go[x];
+              }
+            }
+            for (int c = 0; c < K; ++c) {
+              T* gc_c = gcol + ((n * K + c) * H + yq) * W;
+              std::fill(gc_c, gc_c + W, T(0));
+              for (int a = 0; a < K; ++a) {
+                const T* Go = dS + (a * K + c) * Wp + r;
+                for (int64_t x = 0; x < W; ++x) gc_c[x] += Go[x];
+              }
+            }
+          }
+        }
+        // --- key row yk: gather from the query rows yq = yk - a + r that see it (as backward_kv)
+        const T* glr[K];
+        const T* pr[K];
+        const T* qw[K];
+        const T* gw[K];
+        int nrows = 0;
+        for (int a = 0; a < K; ++a) {
+          const int64_t yq = yk - a + r;
+          if (yq < 0 || yq >= H) continue;
+          glr[nrows] = Sbuf.data() + (yq % K) * PW + a * K * Wp;  // offset (a, c) at + c * Wp
+          pr[nrows] = Pbuf.data() + (yq % K) * PW + a * K * Wp;
+          qw[nrows] = qr.row(yq);
+          gw[nrows] = gr.row(yq);
+          ++nrows;
+        }
+        window_sum_row<T, K, true>(glr, Wp, qw, Wp, nrows, dk, gk + n * dk * HW + yk * W, HW, geo);
+        window_sum_row<T, K, true>(pr, Wp, gw, Wp, nrows, dv, gv + n * dv * HW + yk * W, HW, geo);
+      }
+    }
+  });
+}
+
 void check_map(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "sasa_cpu: ", name, " must be a CPU tensor");
   TORCH_CHECK(t.dim() == 4, "sasa_cpu: ", name, " must have 4 dims; got ", t.dim());
@@ -371,13 +596,84 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
     out = torch::empty({N, dv, H, W}, q.options());
     probs = torch::empty({N, K * K, H, geo.Wp}, q.options());
     SASA_CPU_DISPATCH_K(K, [&] {
-      forward_kernel<scalar_t, KS>(
+      forward_kernel<scalar_t, KS, false>(
           qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
           relative ? row.data_ptr<scalar_t>() : nullptr, relative ? col.data_ptr<scalar_t>() : nullptr,
           out.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(), dk, dv, geo);
     });
   });
   return {out, probs, qp, kp, vp};
+}
+
+// The recompute mode's forward: (out [N, dv, H, W], lse [N, H, W]) from the unpadded maps.
+std::vector<torch::Tensor> forward_lse(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                       torch::Tensor row, torch::Tensor col, int64_t K) {
+  check_map(q, "q");
+  check_map(k, "k");
+  check_map(v, "v");
+  TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(2) == q.size(2) &&
+                  v.size(3) == q.size(3), "sasa_cpu: q, k, v shapes disagree");
+  q = q.contiguous();
+  k = k.contiguous();
+  v = v.contiguous();
+  const bool relative = row.numel() > 0;
+  if (relative) {
+    check_map(row, "row");
+    check_map(col, "col");
+    row = row.contiguous();
+    col = col.contiguous();
+  }
+  const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
+  torch::Tensor out = torch::empty({N, dv, H, W}, q.options());
+  torch::Tensor lse = torch::empty({N, H, W}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sasa_cpu_forward_lse", [&] {
+    const Geometry geo = geometry<scalar_t>(q, K);
+    SASA_CPU_DISPATCH_K(K, [&] {
+      forward_kernel<scalar_t, KS, true>(
+          q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+          relative ? row.data_ptr<scalar_t>() : nullptr, relative ? col.data_ptr<scalar_t>() : nullptr,
+          out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), dk, dv, geo);
+    });
+  });
+  return {out, lse};
+}
+
+// The recompute mode's backward: (gq, gk, gv, grow, gcol); grow, gcol [N, K, H, W] are the
+// gradients of the positional terms row, col (empty tensors without them).
+std::vector<torch::Tensor> backward_recompute(torch::Tensor g, torch::Tensor q, torch::Tensor k,
+                                              torch::Tensor v, torch::Tensor lse, torch::Tensor row,
+                                              torch::Tensor col, int64_t K) {
+  for (auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) {
+    check_map(t, name);
+    TORCH_CHECK(t.is_contiguous() && t.scalar_type() == q.scalar_type(), "sasa_cpu: ", name,
+                " must be contiguous, in q's dtype");
+  }
+  check_map(g, "grad_out");  // any strides
+  TORCH_CHECK(g.scalar_type() == q.scalar_type(), "sasa_cpu: grad_out must be in q's dtype");
+  TORCH_CHECK(g.sizes() == v.sizes() && k.sizes() == q.sizes() && lse.is_contiguous() &&
+                  lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(2) &&
+                  lse.size(2) == q.size(3), "sasa_cpu: grad_out, lse shapes disagree with q, k, v");
+  const bool relative = row.numel() > 0;
+  if (relative) {
+    row = row.contiguous();
+    col = col.contiguous();
+  }
+  const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
+  torch::Tensor gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
+  torch::Tensor grow = relative ? torch::empty({N, K, H, W}, q.options()) : q.new_empty({0});
+  torch::Tensor gcol = relative ? torch::empty({N, K, H, W}, q.options()) : q.new_empty({0});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sasa_cpu_backward_recompute", [&] {
+    const Geometry geo = geometry<scalar_t>(q, K);
+    auto ptr = [&](torch::Tensor& t) { return relative ? t.data_ptr<scalar_t>() : nullptr; };
+    SASA_CPU_DISPATCH_K(K, [&] {
+      backward_recompute_kernel<scalar_t, KS>(
+          g.data_ptr<scalar_t>(), g.strides().data(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+          v.data_ptr<scalar_t>(),
+          lse.data_ptr<scalar_t>(), ptr(row), ptr(col), gq.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(),
+          gv.data_ptr<scalar_t>(), ptr(grow), ptr(gcol), dk, dv, geo);
+    });
+  });
+  return {gq, gk, gv, grow, gcol};
 }
 
 void check_padded(const torch::Tensor& t, const char* name, const torch::Tensor& like) {
@@ -430,4 +726,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "SASA local attention forward (CPU)");
   m.def("backward_q", &backward_q, "SASA local attention backward: dq and dlogits (CPU)");
   m.def("backward_kv", &backward_kv, "SASA local attention backward: dk and dv (CPU)");
+  m.def("forward_lse", &forward_lse, "SASA local attention forward, recompute mode: out and lse (CPU)");
+  m.def("backward_recompute", &backward_recompute,
+        "SASA local attention backward, recompute mode: dq, dk, dv, drow, dcol (CPU)");
 }
