@@ -262,11 +262,11 @@ def test_layer_benchmark_naive_references_agree_with_ours():
     assert max(ref.values()) < 1e-9, ref
 
 
-@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "fused"])
+@pytest.mark.parametrize("impl", ["neighborhood", "cpp", "cpp-recompute", "fused"])
 def test_layer_benchmark_case_runs(impl):
     tool = load_tool("benchmark_layers")
     assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0)} == {
-        "neighborhood", "fused", "cpp", "unfold", "conv3x3"}
+        "neighborhood", "fused", "cpp", "cpp-recompute", "unfold", "conv3x3"}
     assert {c["impl"] for c in tool.plan_cases(["sasa"], [20], 1, 0, cuda=True)} == {
         "neighborhood", "fused", "triton", "unfold", "conv3x3"}
     aa_core = {c["impl"] for c in tool.plan_cases(["aa"], [20], 1, 0, cuda=True) if c["kind"] == "core"}
