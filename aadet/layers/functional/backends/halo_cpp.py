@@ -3,18 +3,20 @@ where the kernel builds).
 
 Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` with
 ``csrc/halo_cpu.cpp``: per block, the queries, the keys and values of its window (clipped to the
-map: keys outside it are never scored) are copied into a small buffer, and the logits ``Q K^T``
-plus the position terms, the softmax and ``P V`` are computed there with BLAS gemm's and a
-vectorized exp, so the ``(b + 2h)^2`` logits of a query never reach memory. Backward recomputes
-them from the saved log-sum-exp (flash attention's trick), so what is kept for backward is
-``q, k, v`` (the channels-first maps the layer's projections give: no copy), the output and one
-log-sum-exp per query -- not the ``[Pq, L]`` probabilities the PyTorch routes store.
+map: keys outside it are never scored) are copied into a small buffer, and the logits ``K Q^T``
+plus the position terms, the softmax and ``P V`` are computed there with BLAS gemm's and
+vectorized passes across the block's queries, so the ``(b + 2h)^2`` logits of a query never reach
+memory. Backward recomputes them from the saved log-sum-exp (flash attention's trick), so what is
+kept for backward is ``q, k, v`` (the channels-first maps the layer's projections give, read in
+place: no copy), the output and one log-sum-exp per query -- not the ``[Pq, L]`` probabilities the
+PyTorch routes store.
 
-The position terms enter as per-pixel maps ``RH = q[:d//2] . rel_h``, ``RW = q[d//2:] . rel_w``
-(``[N, 2(b + h) - 1, Ho, Wo]``, two small matmuls here, as for SASA's C++ kernel); the kernel
-returns their gradients, from which the embeddings' and ``q``'s share follow by the same
-matmuls. Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) with autocast
-off, or float64 for float64 inputs (the exactness tests); output in ``v``'s dtype.
+The position terms are computed in the kernel too, per block from the queries in its buffer: the
+tables ``rel_h q[:d//2]^T`` and ``rel_w q[d//2:]^T`` of every offset (``2(b + h) - 1`` each), of
+which each key takes its row's and its column's entry; backward returns the embeddings' gradients
+and adds the position terms' share to ``q``'s. Arithmetic in float32 (exp: a vectorized
+polynomial, relative error ~1e-7) with autocast off, or float64 for float64 inputs (the exactness
+tests); output in ``v``'s dtype.
 
 Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
 cannot be built, :func:`available` is False, ``impl="auto"`` takes ``"bmm"`` (one warning) and
@@ -48,18 +50,6 @@ def build_error() -> Optional[str]:
     return KERNEL.build_error()
 
 
-def _position_maps(q: torch.Tensor, rel_h: Optional[torch.Tensor], rel_w: Optional[torch.Tensor]):
-    """``RH [N, R, Ho, Wo] = q[:, :d//2] . rel_h``, ``RW`` likewise, for channels-first ``q [N, d,
-    Ho, Wo]`` (empty tensors without embeddings)."""
-    if rel_h is None:
-        empty = q.new_empty(0)
-        return empty, empty
-    dr = q.shape[1] // 2
-    rh = torch.einsum("ndyx,rd->nryx", q[:, :dr], rel_h).contiguous()
-    rw = torch.einsum("ndyx,rd->nryx", q[:, dr:], rel_w).contiguous()
-    return rh, rw
-
-
 class _HaloCpp(torch.autograd.Function):
     """Channels-first: ``q [N, d, Ho, Wo]``, ``k [N, d, H, W]``, ``v [N, dv, H, W]``,
     ``rel_h``/``rel_w`` or None -> ``[N, dv, Ho, Wo]`` (see the module docstring)."""
@@ -71,10 +61,11 @@ class _HaloCpp(torch.autograd.Function):
         ct = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(device_type="cpu", enabled=False):
             q, k, v = (t.to(ct).contiguous() for t in (q, k, v))
-            if rel_h is not None:
-                rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-            rh, rw = _position_maps(q, rel_h, rel_w)
-            out, lse = ext.forward(q, k, v, rh, rw, block_size, halo_size, query_stride)
+            if rel_h is None:
+                rel_h = rel_w = q.new_empty(0)
+            else:
+                rel_h, rel_w = rel_h.to(ct).contiguous(), rel_w.to(ct).contiguous()
+            out, lse = ext.forward(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride)
         ctx.save_for_backward(q, k, v, out, lse, rel_h, rel_w)
         ctx.geometry = (block_size, halo_size, query_stride)
         return out.to(ctx.dtypes[2])
@@ -84,25 +75,17 @@ class _HaloCpp(torch.autograd.Function):
         q, k, v, out, lse, rel_h, rel_w = ctx.saved_tensors
         need_q, need_k, need_v, need_rh, need_rw = ctx.needs_input_grad[:5]
         ext = KERNEL.extension("cpp")
-        grh = grw = None
         with torch.autocast(device_type="cpu", enabled=False):
-            rh, rw = _position_maps(q, rel_h, rel_w)
             go = grad_out.to(out.dtype).contiguous()
-            gq, gk, gv, g_rh, g_rw = ext.backward(
-                go, q, k, v, out, lse, rh, rw, *ctx.geometry, need_q, need_k, need_v
+            gq, gk, gv, grh, grw = ext.backward(
+                go, q, k, v, out, lse, rel_h, rel_w, *ctx.geometry, need_q, need_k, need_v,
+                need_rh or need_rw,
             )
-            if rel_h is not None:
-                dr = q.shape[1] // 2
-                if need_q:
-                    gq[:, :dr] += torch.einsum("nryx,rd->ndyx", g_rh, rel_h)
-                    gq[:, dr:] += torch.einsum("nryx,rd->ndyx", g_rw, rel_w)
-                if need_rh:
-                    grh = torch.einsum("nryx,ndyx->rd", g_rh, q[:, :dr]).to(ctx.dtypes[3])
-                if need_rw:
-                    grw = torch.einsum("nryx,ndyx->rd", g_rw, q[:, dr:]).to(ctx.dtypes[3])
         gq = gq.to(ctx.dtypes[0]) if need_q else None
         gk = gk.to(ctx.dtypes[1]) if need_k else None
         gv = gv.to(ctx.dtypes[2]) if need_v else None
+        grh = grh.to(ctx.dtypes[3]) if need_rh else None
+        grw = grw.to(ctx.dtypes[3]) if need_rw else None
         return gq, gk, gv, grh, grw, None, None, None
 
 

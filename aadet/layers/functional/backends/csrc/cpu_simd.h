@@ -1,5 +1,6 @@
-// What the CPU kernels share (sasa_cpu.cpp, aa_cpu.cpp): the flush of denormals while a kernel
-// runs, fixed-width SIMD vectors through GCC's vector extensions, and a vectorized exp.
+// What the CPU kernels share (sasa_cpu.cpp, aa_cpu.cpp, halo_cpu.cpp): the flush of denormals
+// while a kernel runs, fixed-width SIMD vectors through GCC's vector extensions, and a vectorized
+// exp.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -28,10 +29,12 @@ class FlushDenormals {
 
 constexpr int kVecBytes = 32;
 
-template <typename T>
+// Bytes: the vector's width (32 by default; 64 for AVX-512's 16 floats, which GCC splits in two
+// where the CPU has only 32-byte registers).
+template <typename T, int Bytes = kVecBytes>
 struct Vec {
-  static constexpr int L = kVecBytes / sizeof(T);
-  typedef T type __attribute__((vector_size(kVecBytes)));
+  static constexpr int L = Bytes / sizeof(T);
+  typedef T type __attribute__((vector_size(Bytes)));
   static inline type load(const T* p) {
     type v;
     std::memcpy(&v, p, sizeof(v));
@@ -52,33 +55,43 @@ struct Vec {
   }
 };
 
-// exp over n (a multiple of VL) values in place. float: Cephes' expf polynomial on vectors
-// (range reduction by ln 2, relative error ~1e-7, inputs clamped to [-87, 88]); float64 (the
-// exactness tests): std::exp.
+// exp of every lane of a float vector of any width: Cephes' expf polynomial (range reduction by
+// ln 2, relative error ~1e-7, inputs clamped to [-87, 88]). float64 (the exactness tests):
+// std::exp lane by lane.
+template <int Bytes>
+inline typename Vec<float, Bytes>::type exp_lanes(typename Vec<float, Bytes>::type v) {
+  typedef typename Vec<float, Bytes>::type vf;
+  typedef int32_t vi __attribute__((vector_size(Bytes)));
+  const vf lo = vf{} - 87.0f, hi = vf{} + 88.0f;
+  v = v < lo ? lo : v;
+  v = v > hi ? hi : v;
+  vf fx = v * 1.44269504088896341f + 0.5f;
+  vf t = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
+  t = t + __builtin_convertvector((vi)(t > fx), vf);  // floor: -1 where truncation rounded up
+  vf f = v - t * 0.693359375f + t * 2.12194440e-4f;
+  vf y = vf{} + 1.9875691500E-4f;
+  y = y * f + 1.3981999507E-3f;
+  y = y * f + 8.3334519073E-3f;
+  y = y * f + 4.1665795894E-2f;
+  y = y * f + 1.6666665459E-1f;
+  y = y * f + 5.0000001201E-1f;
+  y = y * f * f + f + 1.0f;
+  vi e = (__builtin_convertvector(t, vi) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return y * scale;
+}
+
+template <int Bytes>
+inline typename Vec<double, Bytes>::type exp_lanes(typename Vec<double, Bytes>::type v) {
+  for (int i = 0; i < Vec<double, Bytes>::L; ++i) v[i] = std::exp(v[i]);
+  return v;
+}
+
+// exp over n (a multiple of VL) values in place.
 inline void exp_inplace(float* x, int64_t n) {
   using V = Vec<float>;
-  typedef int32_t vi __attribute__((vector_size(kVecBytes)));
-  const V::type lo = V::type{} - 87.0f, hi = V::type{} + 88.0f;
-  for (int64_t i = 0; i < n; i += V::L) {
-    V::type v = V::load(x + i);
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    V::type fx = v * 1.44269504088896341f + 0.5f;
-    V::type t = __builtin_convertvector(__builtin_convertvector(fx, vi), V::type);
-    t = t + __builtin_convertvector((vi)(t > fx), V::type);  // floor: -1 where truncation rounded up
-    V::type f = v - t * 0.693359375f + t * 2.12194440e-4f;
-    V::type y = V::type{} + 1.9875691500E-4f;
-    y = y * f + 1.3981999507E-3f;
-    y = y * f + 8.3334519073E-3f;
-    y = y * f + 4.1665795894E-2f;
-    y = y * f + 1.6666665459E-1f;
-    y = y * f + 5.0000001201E-1f;
-    y = y * f * f + f + 1.0f;
-    vi e = (__builtin_convertvector(t, vi) + 127) << 23;
-    V::type scale;
-    std::memcpy(&scale, &e, sizeof(scale));
-    V::store(x + i, y * scale);
-  }
+  for (int64_t i = 0; i < n; i += V::L) V::store(x + i, exp_lanes<kVecBytes>(V::load(x + i)));
 }
 
 inline void exp_inplace(double* x, int64_t n) {

@@ -1,29 +1,45 @@
 // HaloNet blocked local attention on CPU, block by block in cache: the "cpp" halo route.
 //
 // Maps are channels-first per (batch x head) slice n: q [N, d, Ho, Wo] (queries on the grid of
-// stride s), k [N, d, H, W], v [N, dv, H, W]. Block (by, bx) holds the queries y' in [by bq,
-// by bq + bq), x' likewise (bq = b / s), clipped to the map; their keys are the window rows
-// [by b - h, by b + b + h) and columns likewise, clipped to the map: keys outside it are never
-// scored (no mask, no -inf), so a border block simply has a smaller window. Per block the
-// queries, keys and values are copied channel-major into a small buffer (contiguous runs of the
-// maps' rows), and everything else stays in L1/L2:
+// stride s), k [N, d, H, W], v [N, dv, H, W]: what the layer's 1x1 projections give, read in
+// place. Block (by, bx) holds the queries y' in [by bq, by bq + bq), x' likewise (bq = b / s),
+// clipped to the map; their keys are the window rows [by b - h, by b + b + h) and columns
+// likewise, clipped to the map: keys outside it are never scored (no mask, no -inf), so a border
+// block simply has a smaller window. Per block the queries, keys and values are copied
+// channel-major into small buffers (contiguous runs of the maps' rows; the Pq queries padded
+// with zeros to Ps, a whole number of SIMD vectors), and everything else stays in L1/L2. The
+// logits are kept key-major, one row of Ps queries per key, so that the softmax over the keys and
+// the position terms are plain vector operations across the queries:
 //
-//   S [Pq, L] = Q K^T + row[p, a] + col[p, c]      (two BLAS gemm's per block in forward)
-//   P = softmax(S),  O^T [dv, Pq] = V^T P^T,  lse[p] = log sum exp S[p, :]
+//   S^T [L, Ps] = K Q^T + row[a, p] + col[c, p]    (key l = (a, c) of the window, query p)
+//   m[p] = max_l S^T[l, p],  E = exp(S^T - m),  O^T [dv, Ps] = V^T E / sum_l E,  lse = m + log sum
 //
-// with row[p, a] = RH[t, y', x'] for t = a - s y' + b + h - 1 (the caller's maps RH = q[:d/2] .
-// rel_h, RW = q[d/2:] . rel_w, [N, 2(b + h) - 1, Ho, Wo], or empty: no positional term).
-// Backward recomputes P from lse (flash attention's trick: nothing of size [Pq, L] is stored
-// between the passes) and runs five gemm's per block: S, dP = dO V^T, dS = P (dP - rowsum(dO O)),
-// dQ^T = K^T dS^T, dK^T = Q^T dS, dV^T = dO^T P; the tables' gradients are dS summed over the
-// window's columns (rows), written to gRH / gRW [N, R, Ho, Wo] at the rows t they came from.
+// The position terms are two small products per block in the buffer: RT [R, Ps] = rel_h
+// q[:d/2]^T and CT = rel_w q[d/2:]^T (R = 2(b + h) - 1 rows, every key-minus-query offset), of
+// which query p uses row[a, p] = RT[a - s y' + b + h - 1, p] and col[c, p] = CT[c - s x' + b + h
+// - 1, p] (key row a, column c; query pixel (s y', s x')).
 //
-//   forward(q, k, v, rh, rw, b, h, s) -> (out [N, dv, Ho, Wo], lse [N, Ho, Wo])
-//   backward(go, q, k, v, out, lse, rh, rw, b, h, s) -> (gq, gk, gv, grh, grw)
+// Backward recomputes E = exp(S^T - lse) (flash attention's trick: nothing of size [L, Pq] is
+// stored between the passes) and runs five gemm's per block, S^T, dP^T = V dO^T, dQ^T = K^T dS^T,
+// dK^T = Q^T dS and dV^T = dO^T E^T, around dS^T = E (dP^T - delta), delta[p] = sum_c dO[c, p]
+// O[c, p]. The tables' gradients are dS summed over the window's columns (rows), put back at the
+// offsets t they came from (dRT, dCT [R, Ps]); from them dQ^T gets rel^T dRT and the embeddings
+// dRT Q.
 //
-// Forward runs the N * blocks tasks in parallel; backward runs the N slices in parallel (blocks
-// of one slice share halo keys, whose gradients are summed in place). The gemm's are BLAS's
-// (sgemm_ / dgemm_ of the MKL inside libtorch); float32 and float64 (the exactness tests).
+// Besides the gemm's, a block's work is a few passes over [L, Ps] on 64-byte vectors (the
+// positions and the max, then exp and the sum, in forward; exp, then dS with the tables' sums, in
+// backward) and the copies between maps and buffers: runs of b + 2h values, one masked vector
+// operation each with AVX-512.
+//
+//   forward(q, k, v, rel_h, rel_w, b, h, s) -> (out [N, dv, Ho, Wo], lse [N, Ho, Wo])
+//   backward(go, q, k, v, out, lse, rel_h, rel_w, b, h, s, need_q, need_k, need_v, need_rel)
+//       -> (gq, gk, gv, grel_h, grel_w)
+//
+// rel_h [R, d/2], rel_w [R, d - d/2] (empty tensors: no position terms). Forward runs the N *
+// blocks tasks in parallel; backward runs the N slices in parallel (blocks of one slice share
+// halo keys, whose gradients are summed in place; the embeddings' gradients are summed per slice,
+// then over the slices). The gemm's are BLAS's (sgemm_ / dgemm_ of the MKL inside libtorch);
+// float32 and float64 (the exactness tests).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -33,6 +49,9 @@
 #include <limits>
 #include <vector>
 #include "cpu_simd.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -45,9 +64,14 @@ void dgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 
 namespace {
 
-using aadet_cpu::exp_inplace;
+using aadet_cpu::exp_lanes;
 using aadet_cpu::FlushDenormals;
-using aadet_cpu::Vec;
+
+// The per-query passes run on 64-byte vectors (16 floats, 8 doubles); a block's queries are
+// padded to a whole number of them.
+constexpr int kBytes = 64;
+template <typename T>
+using Vec = aadet_cpu::Vec<T, kBytes>;
 
 // Row-major C [M, N] = alpha op(A) op(B) + beta C (op(A) [M, K], op(B) [K, N]; ta: A is stored
 // [K, M]): BLAS is column-major, so this is C^T = op(B)^T op(A)^T with the operands swapped.
@@ -62,32 +86,87 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const doub
   dgemm_(&b, &a, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
 }
 
+// dst[j] = src[j] (copy_run) or dst[j] += src[j] (add_run) for j < w: the short runs (a window
+// row, b + 2h values) that move a block between the maps and its buffers. With AVX-512, one
+// masked vector operation per 16 floats instead of a loop with its remainder.
+template <typename T>
+inline void copy_run(T* dst, const T* src, int w) {
+  for (int j = 0; j < w; ++j) dst[j] = src[j];
+}
+template <typename T>
+inline void add_run(T* dst, const T* src, int w) {
+  for (int j = 0; j < w; ++j) dst[j] += src[j];
+}
+#ifdef __AVX512F__
+inline void copy_run(float* dst, const float* src, int w) {
+  int j = 0;
+  for (; j + 16 <= w; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+  if (j < w) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (w - j)) - 1);
+    _mm512_mask_storeu_ps(dst + j, k, _mm512_maskz_loadu_ps(k, src + j));
+  }
+}
+inline void add_run(float* dst, const float* src, int w) {
+  int j = 0;
+  for (; j + 16 <= w; j += 16)
+    _mm512_storeu_ps(dst + j, _mm512_add_ps(_mm512_loadu_ps(dst + j), _mm512_loadu_ps(src + j)));
+  if (j < w) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (w - j)) - 1);
+    _mm512_mask_storeu_ps(dst + j, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, dst + j), _mm512_maskz_loadu_ps(k, src + j)));
+  }
+}
+inline void copy_run(double* dst, const double* src, int w) {
+  int j = 0;
+  for (; j + 8 <= w; j += 8) _mm512_storeu_pd(dst + j, _mm512_loadu_pd(src + j));
+  if (j < w) {
+    const __mmask8 k = static_cast<__mmask8>((1u << (w - j)) - 1);
+    _mm512_mask_storeu_pd(dst + j, k, _mm512_maskz_loadu_pd(k, src + j));
+  }
+}
+inline void add_run(double* dst, const double* src, int w) {
+  int j = 0;
+  for (; j + 8 <= w; j += 8)
+    _mm512_storeu_pd(dst + j, _mm512_add_pd(_mm512_loadu_pd(dst + j), _mm512_loadu_pd(src + j)));
+  if (j < w) {
+    const __mmask8 k = static_cast<__mmask8>((1u << (w - j)) - 1);
+    _mm512_mask_storeu_pd(dst + j, k, _mm512_add_pd(_mm512_maskz_loadu_pd(k, dst + j), _mm512_maskz_loadu_pd(k, src + j)));
+  }
+}
+#endif
+
 struct Geometry {
-  int64_t N, d, dv, H, W, Ho, Wo, b, h, s, bq, nby, nbx, R;
+  int64_t N, d, dr, dv, H, W, Ho, Wo, b, h, s, bq, nby, nbx, R;
   bool rel;
 };
 
 // One block's extent: queries [y0, y1) x [x0, x1) of the strided grid, keys [a0, a1) x [c0, c1).
+// Query p = i qw + j is (y0 + i, x0 + j); key l = a kw + c is (a0 + a, c0 + c).
 struct Block {
   int64_t y0, y1, x0, x1, a0, a1, c0, c1;
-  int qh, qw, kh, kw, Pq, L, Ls;
+  int qh, qw, kh, kw, Pq, Ps, L;
   Block(const Geometry& g, int64_t by, int64_t bx, int vl) {
     y0 = by * g.bq; y1 = std::min(g.Ho, y0 + g.bq);
     x0 = bx * g.bq; x1 = std::min(g.Wo, x0 + g.bq);
     a0 = std::max<int64_t>(0, by * g.b - g.h); a1 = std::min(g.H, by * g.b + g.b + g.h);
     c0 = std::max<int64_t>(0, bx * g.b - g.h); c1 = std::min(g.W, bx * g.b + g.b + g.h);
     qh = y1 - y0; qw = x1 - x0; kh = a1 - a0; kw = c1 - c0;
-    Pq = qh * qw; L = kh * kw; Ls = (L + vl - 1) / vl * vl;  // S's row stride: whole SIMD vectors
+    Pq = qh * qw; L = kh * kw;
+    Ps = (Pq + vl - 1) / vl * vl;  // a key's row of queries: whole vectors
   }
+  // The table row of key row a (column c) for the queries of block row i (column j).
+  int64_t row_offset(const Geometry& g, int a, int i) const { return a0 + a - g.s * (y0 + i) + g.b + g.h - 1; }
+  int64_t col_offset(const Geometry& g, int c, int j) const { return c0 + c - g.s * (x0 + j) + g.b + g.h - 1; }
 };
 
-// dst[c * ld + i * w + j] = src[c][r0 + i][col0 + j]: a window of channels-first map rows.
+// dst[c * ld + i * w + j] = src[c][r0 + i][col0 + j] for j < w, zeros in [rows w, ld).
 template <typename T>
 inline void gather(const T* src, int64_t C, int64_t Hm, int64_t Wm, int64_t r0, int rows,
                    int64_t col0, int w, T* dst, int ld) {
-  for (int64_t c = 0; c < C; ++c)
-    for (int i = 0; i < rows; ++i)
-      std::memcpy(dst + c * ld + i * w, src + (c * Hm + r0 + i) * Wm + col0, sizeof(T) * w);
+  for (int64_t c = 0; c < C; ++c) {
+    T* o = dst + c * ld;
+    for (int i = 0; i < rows; ++i) copy_run(o + i * w, src + (c * Hm + r0 + i) * Wm + col0, w);
+    std::fill(o + rows * w, o + ld, T(0));
+  }
 }
 
 // dst[c][r0 + i][col0 + j] (+)= src[c * ld + i * w + j].
@@ -97,96 +176,156 @@ inline void scatter(const T* src, int ld, int64_t C, int64_t Hm, int64_t Wm, int
   for (int64_t c = 0; c < C; ++c)
     for (int i = 0; i < rows; ++i) {
       T* o = dst + (c * Hm + r0 + i) * Wm + col0;
-      const T* x = src + c * ld + i * w;
-      if (kAdd) {
-        for (int j = 0; j < w; ++j) o[j] += x[j];
-      } else {
-        std::memcpy(o, x, sizeof(T) * w);
-      }
+      if (kAdd)
+        add_run(o, src + c * ld + i * w, w);
+      else
+        copy_run(o, src + c * ld + i * w, w);
     }
 }
 
-// S [Pq, Ls] += row[p, a] + col[p, c] for key (a, c) of the block's window.
-template <typename T>
-inline void add_positions(const Geometry& g, const Block& k, int64_t n, const T* rh, const T* rw,
-                          T* S) {
-  const int64_t plane = g.Ho * g.Wo, off = g.b + g.h - 1;
-  std::vector<T> rowt(k.kh), colt(k.kw);
-  for (int i = 0; i < k.qh; ++i)
-    for (int j = 0; j < k.qw; ++j) {
-      const int64_t y = k.y0 + i, x = k.x0 + j, pix = y * g.Wo + x;
-      const T* rhp = rh + n * g.R * plane + pix;
-      const T* rwp = rw + n * g.R * plane + pix;
-      for (int a = 0; a < k.kh; ++a) rowt[a] = rhp[(k.a0 + a - g.s * y + off) * plane];
-      for (int c = 0; c < k.kw; ++c) colt[c] = rwp[(k.c0 + c - g.s * x + off) * plane];
-      T* srow = S + (i * k.qw + j) * k.Ls;
-      for (int a = 0; a < k.kh; ++a)
-        for (int c = 0; c < k.kw; ++c) srow[a * k.kw + c] += rowt[a] + colt[c];
+// Y [I, Ps] (+)= A X: Y[i, p] (+)= sum_j A[i ai + j aj] X[j, p] (X: J rows of Ps queries). The
+// position tables (A = an embedding, X = a half of the block's queries) and their share of dQ.
+template <typename T, bool kAccumulate>
+inline void small_product(int I, int J, int Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
+  using V = Vec<T>;
+  for (int p = 0; p < Ps; p += V::L)
+    for (int i = 0; i < I; ++i) {
+      typename V::type acc = kAccumulate ? V::load(Y + i * Ps + p) : V::zero();
+      for (int j = 0; j < J; ++j) acc += A[i * ai + j * aj] * V::load(X + j * Ps + p);
+      V::store(Y + i * Ps + p, acc);
     }
 }
 
-// grh[n, t, y', x'] = sum_c dS[p, (a, c)], grw likewise (each query's own entries: no race).
+// G[i, j, :] += X[i, :] * Y[j, :] summed over the vectors of the Ps queries: lane-wise partial
+// dot products, summed over the lanes once at the end (the embeddings' gradients).
 template <typename T>
-inline void position_gradients(const Geometry& g, const Block& k, int64_t n, const T* dS, T* grh,
-                               T* grw) {
-  const int64_t plane = g.Ho * g.Wo, off = g.b + g.h - 1;
-  for (int i = 0; i < k.qh; ++i)
-    for (int j = 0; j < k.qw; ++j) {
-      const int64_t y = k.y0 + i, x = k.x0 + j, pix = y * g.Wo + x;
-      const T* srow = dS + (i * k.qw + j) * k.Ls;
-      T* gh = grh + n * g.R * plane + pix;
-      T* gw = grw + n * g.R * plane + pix;
-      for (int a = 0; a < k.kh; ++a) {
-        T acc = 0;
-        for (int c = 0; c < k.kw; ++c) acc += srow[a * k.kw + c];
-        gh[(k.a0 + a - g.s * y + off) * plane] = acc;
-      }
-      for (int c = 0; c < k.kw; ++c) {
-        T acc = 0;
-        for (int a = 0; a < k.kh; ++a) acc += srow[a * k.kw + c];
-        gw[(k.c0 + c - g.s * x + off) * plane] = acc;
-      }
+inline void add_lane_products(int I, int J, int Ps, const T* X, const T* Y, T* G) {
+  using V = Vec<T>;
+  for (int i = 0; i < I; ++i)
+    for (int j = 0; j < J; ++j) {
+      typename V::type acc = V::load(G + (i * J + j) * V::L);
+      for (int p = 0; p < Ps; p += V::L) acc += V::load(X + i * Ps + p) * V::load(Y + j * Ps + p);
+      V::store(G + (i * J + j) * V::L, acc);
     }
 }
 
-// The scores of one block: S = Q K^T (+ positions), from QT [d, Pq] and KT [d, L].
+// The block's position terms from the tables: rows [kh, Ps] = RT[row_offset(a, i), p] and cols
+// [kw, Ps] = CT[col_offset(c, j), p] for query p = (i, j) (padding queries: 0).
 template <typename T>
-inline void scores(const Geometry& g, const Block& k, int64_t n, const T* QT, const T* KT,
-                   const T* rh, const T* rw, T* S) {
-  gemm(true, false, k.Pq, k.L, g.d, T(1), QT, k.Pq, KT, k.L, T(0), S, k.Ls);
-  if (g.rel) add_positions(g, k, n, rh, rw, S);
+inline void position_terms(const Geometry& g, const Block& k, const T* RT, const T* CT, T* rows, T* cols) {
+  for (int a = 0; a < k.kh; ++a) {
+    T* r = rows + a * k.Ps;
+    for (int i = 0; i < k.qh; ++i) copy_run(r + i * k.qw, RT + k.row_offset(g, a, i) * k.Ps + i * k.qw, k.qw);
+    std::fill(r + k.Pq, r + k.Ps, T(0));
+  }
+  for (int c = 0; c < k.kw; ++c) {
+    T* o = cols + c * k.Ps;
+    for (int i = 0; i < k.qh; ++i)
+      for (int j = 0; j < k.qw; ++j) o[i * k.qw + j] = CT[k.col_offset(g, c, j) * k.Ps + i * k.qw + j];
+    std::fill(o + k.Pq, o + k.Ps, T(0));
+  }
+}
+
+// Adjoint of position_terms: dRT [R, Ps], dCT (zeroed here) at the offsets rows / cols came from.
+template <typename T>
+inline void position_terms_adjoint(const Geometry& g, const Block& k, const T* rows, const T* cols,
+                                   T* dRT, T* dCT) {
+  std::fill(dRT, dRT + g.R * k.Ps, T(0));
+  std::fill(dCT, dCT + g.R * k.Ps, T(0));
+  for (int a = 0; a < k.kh; ++a)
+    for (int i = 0; i < k.qh; ++i)
+      copy_run(dRT + k.row_offset(g, a, i) * k.Ps + i * k.qw, rows + a * k.Ps + i * k.qw, k.qw);
+  for (int c = 0; c < k.kw; ++c)
+    for (int i = 0; i < k.qh; ++i)
+      for (int j = 0; j < k.qw; ++j)
+        dCT[k.col_offset(g, c, j) * k.Ps + i * k.qw + j] = cols[c * k.Ps + i * k.qw + j];
+}
+
+// Per-thread buffers of one block's work (resized per block: border blocks are smaller).
+template <typename T>
+struct Buffers {
+  std::vector<T> QT, KT, VT, S, RT, CT, rows, cols, m, sum;
+  void resize(const Geometry& g, const Block& k) {
+    QT.resize(g.d * k.Ps); KT.resize(g.d * k.L); VT.resize(g.dv * k.L); S.resize(k.L * k.Ps);
+    m.resize(k.Ps); sum.resize(k.Ps);
+    if (g.rel) {
+      RT.resize(g.R * k.Ps); CT.resize(g.R * k.Ps); rows.resize(k.kh * k.Ps); cols.resize(k.kw * k.Ps);
+    }
+  }
+};
+
+// Gather the block's q, k, v (n's maps) and compute S^T [L, Ps] = K Q^T; with embeddings, also
+// the block's position terms rows / cols (added by the caller's pass over S^T).
+template <typename T>
+inline void block_scores(const Geometry& g, const Block& k, const T* q, const T* kmap, const T* vmap,
+                         const T* rel_h, const T* rel_w, Buffers<T>& B) {
+  gather(q, g.d, g.Ho, g.Wo, k.y0, k.qh, k.x0, k.qw, B.QT.data(), k.Ps);
+  gather(kmap, g.d, g.H, g.W, k.a0, k.kh, k.c0, k.kw, B.KT.data(), k.L);
+  gather(vmap, g.dv, g.H, g.W, k.a0, k.kh, k.c0, k.kw, B.VT.data(), k.L);
+  gemm(true, false, k.L, k.Ps, g.d, T(1), B.KT.data(), k.L, B.QT.data(), k.Ps, T(0), B.S.data(), k.Ps);
+  if (!g.rel) return;
+  const int dw = g.d - g.dr;
+  small_product<T, false>(g.R, g.dr, k.Ps, rel_h, g.dr, 1, B.QT.data(), B.RT.data());
+  small_product<T, false>(g.R, dw, k.Ps, rel_w, dw, 1, B.QT.data() + g.dr * k.Ps, B.CT.data());
+  position_terms(g, k, B.RT.data(), B.CT.data(), B.rows.data(), B.cols.data());
 }
 
 template <typename T>
-void forward_kernel(const Geometry& g, const T* q, const T* k, const T* v, const T* rh,
-                    const T* rw, T* out, T* lse) {
-  const int vl = Vec<T>::L;
+void forward_kernel(const Geometry& g, const T* q, const T* k, const T* v, const T* rel_h,
+                    const T* rel_w, T* out, T* lse) {
+  using V = Vec<T>;
   at::parallel_for(0, g.N * g.nby * g.nbx, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
-    std::vector<T> QT, KT, VT, S, OT;
+    Buffers<T> B;
+    std::vector<T> OT;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / (g.nby * g.nbx), by = task / g.nbx % g.nby, bx = task % g.nbx;
-      const Block blk(g, by, bx, vl);
-      QT.resize(g.d * blk.Pq); KT.resize(g.d * blk.L); VT.resize(g.dv * blk.L);
-      S.resize(blk.Pq * blk.Ls); OT.resize(g.dv * blk.Pq);
-      gather(q + n * g.d * g.Ho * g.Wo, g.d, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, QT.data(), blk.Pq);
-      gather(k + n * g.d * g.H * g.W, g.d, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, KT.data(), blk.L);
-      gather(v + n * g.dv * g.H * g.W, g.dv, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, VT.data(), blk.L);
-      scores(g, blk, n, QT.data(), KT.data(), rh, rw, S.data());
-      for (int p = 0; p < blk.Pq; ++p) {
-        T* srow = S.data() + p * blk.Ls;
-        const T m = *std::max_element(srow, srow + blk.L);
-        for (int l = 0; l < blk.Ls; ++l) srow[l] = l < blk.L ? srow[l] - m : T(-100);
-        exp_inplace(srow, blk.Ls);
-        T sum = 0;
-        for (int l = 0; l < blk.L; ++l) sum += srow[l];
-        const T inv = T(1) / sum;
-        for (int l = 0; l < blk.L; ++l) srow[l] *= inv;
-        const int64_t y = blk.y0 + p / blk.qw, x = blk.x0 + p % blk.qw;
-        lse[(n * g.Ho + y) * g.Wo + x] = m + std::log(sum);
+      const Block blk(g, by, bx, V::L);
+      const int Ps = blk.Ps, L = blk.L;
+      B.resize(g, blk);
+      OT.resize(g.dv * Ps);
+      block_scores(g, blk, q + n * g.d * g.Ho * g.Wo, k + n * g.d * g.H * g.W,
+                   v + n * g.dv * g.H * g.W, rel_h, rel_w, B);
+      T* S = B.S.data();
+      T* m = B.m.data();
+      T* sum = B.sum.data();
+      // S^T += positions; m = max over the keys
+      std::fill(m, m + Ps, std::numeric_limits<T>::lowest());
+      for (int a = 0; a < blk.kh; ++a)
+        for (int c = 0; c < blk.kw; ++c) {
+          T* s = S + (a * blk.kw + c) * Ps;
+          for (int p = 0; p < Ps; p += V::L) {
+            typename V::type x = V::load(s + p);
+            if (g.rel) {
+              x += V::load(B.rows.data() + a * Ps + p) + V::load(B.cols.data() + c * Ps + p);
+              V::store(s + p, x);
+            }
+            const typename V::type mp = V::load(m + p);
+            V::store(m + p, x > mp ? x : mp);
+          }
+        }
+      // E = exp(S^T - m), sum over the keys
+      std::fill(sum, sum + Ps, T(0));
+      for (int l = 0; l < L; ++l) {
+        T* s = S + l * Ps;
+        for (int p = 0; p < Ps; p += V::L) {
+          const typename V::type e = exp_lanes<kBytes>(V::load(s + p) - V::load(m + p));
+          V::store(s + p, e);
+          V::store(sum + p, V::load(sum + p) + e);
+        }
       }
-      gemm(false, true, g.dv, blk.Pq, blk.L, T(1), VT.data(), blk.L, S.data(), blk.Ls, T(0), OT.data(), blk.Pq);
-      scatter<T, false>(OT.data(), blk.Pq, g.dv, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw,
+      for (int i = 0; i < blk.qh; ++i)
+        for (int j = 0; j < blk.qw; ++j) {
+          const int p = i * blk.qw + j;
+          lse[(n * g.Ho + blk.y0 + i) * g.Wo + blk.x0 + j] = m[p] + std::log(sum[p]);
+        }
+      // O^T = V^T E / sum
+      gemm(false, false, g.dv, Ps, L, T(1), B.VT.data(), L, S, Ps, T(0), OT.data(), Ps);
+      for (int p = 0; p < Ps; p += V::L) V::store(sum + p, T(1) / V::load(sum + p));
+      for (int64_t c = 0; c < g.dv; ++c)
+        for (int p = 0; p < Ps; p += V::L)
+          V::store(OT.data() + c * Ps + p, V::load(OT.data() + c * Ps + p) * V::load(sum + p));
+      scatter<T, false>(OT.data(), Ps, g.dv, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw,
                         out + n * g.dv * g.Ho * g.Wo);
     }
   });
@@ -194,66 +333,108 @@ void forward_kernel(const Geometry& g, const T* q, const T* k, const T* v, const
 
 template <typename T>
 void backward_kernel(const Geometry& g, const T* go, const T* q, const T* k, const T* v,
-                     const T* out, const T* lse, const T* rh, const T* rw, T* gq, T* gk, T* gv,
-                     T* grh, T* grw) {
-  const int vl = Vec<T>::L;
+                     const T* out, const T* lse, const T* rel_h, const T* rel_w, T* gq, T* gk,
+                     T* gv, T* grh, T* grw) {
+  using V = Vec<T>;
+  const int64_t plane = g.Ho * g.Wo;
+  const int dw = g.d - g.dr;
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
-    std::vector<T> QT, KT, VT, GOT, OT, S, DP, DQT, DKT, DVT, delta;
+    Buffers<T> B;
+    std::vector<T> delta_map(plane), GOT, DP, DQT, DKT, DVT, lse_b, delta, dRT, dCT;
+    std::vector<T> gh_lanes(grh != nullptr ? g.R * g.dr * V::L : 0), gw_lanes(grh != nullptr ? g.R * dw * V::L : 0);
     for (int64_t n = begin; n < end; ++n) {
-      const int64_t qoff = n * g.d * g.Ho * g.Wo, voff = n * g.dv * g.Ho * g.Wo;
+      const int64_t qoff = n * g.d * plane, voff = n * g.dv * plane;
       const int64_t koff = n * g.d * g.H * g.W, vkoff = n * g.dv * g.H * g.W;
+      // delta[y', x'] = sum_c dO[c, y', x'] O[c, y', x']
+      std::fill(delta_map.begin(), delta_map.end(), T(0));
+      for (int64_t c = 0; c < g.dv; ++c) {
+        const T* a = go + voff + c * plane;
+        const T* o = out + voff + c * plane;
+        for (int64_t i = 0; i < plane; ++i) delta_map[i] += a[i] * o[i];
+      }
+      std::fill(gh_lanes.begin(), gh_lanes.end(), T(0));
+      std::fill(gw_lanes.begin(), gw_lanes.end(), T(0));
       for (int64_t by = 0; by < g.nby; ++by)
         for (int64_t bx = 0; bx < g.nbx; ++bx) {
-          const Block blk(g, by, bx, vl);
-          const int Pq = blk.Pq, L = blk.L, Ls = blk.Ls;
-          QT.resize(g.d * Pq); KT.resize(g.d * L); VT.resize(g.dv * L);
-          GOT.resize(g.dv * Pq); OT.resize(g.dv * Pq); S.resize(Pq * Ls); DP.resize(Pq * Ls);
-          DQT.resize(g.d * Pq); DKT.resize(g.d * L); DVT.resize(g.dv * L); delta.resize(Pq);
-          gather(q + qoff, g.d, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, QT.data(), Pq);
-          gather(k + koff, g.d, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, KT.data(), L);
-          gather(v + vkoff, g.dv, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, VT.data(), L);
-          gather(go + voff, g.dv, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, GOT.data(), Pq);
-          gather(out + voff, g.dv, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, OT.data(), Pq);
-          // P = exp(S - lse), recomputed
-          scores(g, blk, n, QT.data(), KT.data(), rh, rw, S.data());
-          for (int p = 0; p < Pq; ++p) {
-            T* srow = S.data() + p * Ls;
-            const T m = lse[(n * g.Ho + blk.y0 + p / blk.qw) * g.Wo + blk.x0 + p % blk.qw];
-            for (int l = 0; l < Ls; ++l) srow[l] = l < L ? srow[l] - m : T(-100);
-            exp_inplace(srow, Ls);
+          const Block blk(g, by, bx, V::L);
+          const int Ps = blk.Ps, L = blk.L;
+          B.resize(g, blk);
+          GOT.resize(g.dv * Ps); DP.resize(L * Ps); DQT.resize(g.d * Ps); DKT.resize(g.d * L);
+          DVT.resize(g.dv * L); lse_b.resize(Ps); delta.resize(Ps);
+          block_scores(g, blk, q + qoff, k + koff, v + vkoff, rel_h, rel_w, B);
+          gather(go + voff, g.dv, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, GOT.data(), Ps);
+          gather(lse + n * plane, 1, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, lse_b.data(), Ps);
+          gather(delta_map.data(), 1, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, delta.data(), Ps);
+          T* S = B.S.data();
+          T* rows = B.rows.data();
+          T* cols = B.cols.data();
+          // E = exp(S^T + positions - lse): the probabilities (padding queries: finite, their dO is 0)
+          for (int a = 0; a < blk.kh; ++a)
+            for (int c = 0; c < blk.kw; ++c) {
+              T* s = S + (a * blk.kw + c) * Ps;
+              for (int p = 0; p < Ps; p += V::L) {
+                typename V::type x = V::load(s + p);
+                if (g.rel) x += V::load(rows + a * Ps + p) + V::load(cols + c * Ps + p);
+                V::store(s + p, exp_lanes<kBytes>(x - V::load(lse_b.data() + p)));
+              }
+            }
+          // dP^T = V dO^T; dS^T = E (dP^T - delta) in place, summed over the window's columns
+          // (rows) into rows (cols) for the position terms
+          gemm(true, false, L, Ps, g.dv, T(1), B.VT.data(), L, GOT.data(), Ps, T(0), DP.data(), Ps);
+          if (g.rel) {
+            std::fill(rows, rows + blk.kh * Ps, T(0));
+            std::fill(cols, cols + blk.kw * Ps, T(0));
           }
-          // delta[p] = sum_c dO[p, c] O[p, c]
-          std::fill(delta.begin(), delta.end(), T(0));
-          for (int64_t c = 0; c < g.dv; ++c)
-            for (int p = 0; p < Pq; ++p) delta[p] += GOT[c * Pq + p] * OT[c * Pq + p];
-          // dP = dO V^T, dS = P (dP - delta) in place
-          gemm(true, false, Pq, L, g.dv, T(1), GOT.data(), Pq, VT.data(), L, T(0), DP.data(), Ls);
-          for (int p = 0; p < Pq; ++p) {
-            T* dp = DP.data() + p * Ls;
-            const T* pr = S.data() + p * Ls;
-            for (int l = 0; l < L; ++l) dp[l] = pr[l] * (dp[l] - delta[p]);
-          }
-          if (gq != nullptr) {
-            gemm(false, true, g.d, Pq, L, T(1), KT.data(), L, DP.data(), Ls, T(0), DQT.data(), Pq);
-            scatter<T, false>(DQT.data(), Pq, g.d, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, gq + qoff);
-          }
-          if (gk != nullptr) {
-            gemm(false, false, g.d, L, Pq, T(1), QT.data(), Pq, DP.data(), Ls, T(0), DKT.data(), L);
-            scatter<T, true>(DKT.data(), L, g.d, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, gk + koff);
-          }
+          for (int a = 0; a < blk.kh; ++a)
+            for (int c = 0; c < blk.kw; ++c) {
+              const int l = a * blk.kw + c;
+              for (int p = 0; p < Ps; p += V::L) {
+                const typename V::type ds =
+                    V::load(S + l * Ps + p) * (V::load(DP.data() + l * Ps + p) - V::load(delta.data() + p));
+                V::store(DP.data() + l * Ps + p, ds);
+                if (g.rel) {
+                  V::store(rows + a * Ps + p, V::load(rows + a * Ps + p) + ds);
+                  V::store(cols + c * Ps + p, V::load(cols + c * Ps + p) + ds);
+                }
+              }
+            }
           if (gv != nullptr) {
-            gemm(false, false, g.dv, L, Pq, T(1), GOT.data(), Pq, S.data(), Ls, T(0), DVT.data(), L);
+            gemm(false, true, g.dv, L, Ps, T(1), GOT.data(), Ps, S, Ps, T(0), DVT.data(), L);
             scatter<T, true>(DVT.data(), L, g.dv, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, gv + vkoff);
           }
-          if (g.rel) position_gradients(g, blk, n, DP.data(), grh, grw);
+          if (gk != nullptr) {
+            gemm(false, true, g.d, L, Ps, T(1), B.QT.data(), Ps, DP.data(), Ps, T(0), DKT.data(), L);
+            scatter<T, true>(DKT.data(), L, g.d, g.H, g.W, blk.a0, blk.kh, blk.c0, blk.kw, gk + koff);
+          }
+          if (gq != nullptr)
+            gemm(false, false, g.d, Ps, L, T(1), B.KT.data(), L, DP.data(), Ps, T(0), DQT.data(), Ps);
+          if (g.rel && (gq != nullptr || grh != nullptr)) {
+            dRT.resize(g.R * Ps); dCT.resize(g.R * Ps);
+            position_terms_adjoint(g, blk, rows, cols, dRT.data(), dCT.data());
+            if (gq != nullptr) {  // dQ^T[c, p] += sum_t rel[t, c] dRT[t, p]
+              small_product<T, true>(g.dr, g.R, Ps, rel_h, 1, g.dr, dRT.data(), DQT.data());
+              small_product<T, true>(dw, g.R, Ps, rel_w, 1, dw, dCT.data(), DQT.data() + g.dr * Ps);
+            }
+            if (grh != nullptr) {  // grel[t, c] += sum_p dRT[t, p] Q^T[c, p]
+              add_lane_products(g.R, g.dr, Ps, dRT.data(), B.QT.data(), gh_lanes.data());
+              add_lane_products(g.R, dw, Ps, dCT.data(), B.QT.data() + g.dr * Ps, gw_lanes.data());
+            }
+          }
+          if (gq != nullptr)
+            scatter<T, false>(DQT.data(), Ps, g.d, g.Ho, g.Wo, blk.y0, blk.qh, blk.x0, blk.qw, gq + qoff);
         }
+      if (grh != nullptr) {  // this slice's share of the embeddings' gradients
+        for (int64_t i = 0; i < g.R * g.dr; ++i) grh[n * g.R * g.dr + i] = V::sum(V::load(gh_lanes.data() + i * V::L));
+        for (int64_t i = 0; i < g.R * dw; ++i) grw[n * g.R * dw + i] = V::sum(V::load(gw_lanes.data() + i * V::L));
+      }
     }
   });
 }
 
 Geometry make_geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& rh, int64_t b, int64_t h, int64_t s) {
+                       const torch::Tensor& rel_h, const torch::Tensor& rel_w, int64_t b, int64_t h,
+                       int64_t s) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "halo_cpu: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "halo_cpu: maps must be [N, C, H, W]");
@@ -262,31 +443,34 @@ Geometry make_geometry(const torch::Tensor& q, const torch::Tensor& k, const tor
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "halo_cpu: contiguous maps only");
   TORCH_CHECK(b >= 1 && h >= 0 && s >= 1 && b % s == 0, "halo_cpu: bad block/halo/stride");
   Geometry g;
-  g.N = q.size(0); g.d = q.size(1); g.Ho = q.size(2); g.Wo = q.size(3);
+  g.N = q.size(0); g.d = q.size(1); g.dr = g.d / 2; g.Ho = q.size(2); g.Wo = q.size(3);
   g.dv = v.size(1); g.H = k.size(2); g.W = k.size(3);
   g.b = b; g.h = h; g.s = s; g.bq = b / s;
   g.nby = (g.H + b - 1) / b; g.nbx = (g.W + b - 1) / b;
   g.R = 2 * (b + h) - 1;
-  g.rel = rh.numel() > 0;
+  g.rel = rel_h.defined() && rel_h.numel() + rel_w.numel() > 0;
   TORCH_CHECK(g.Ho == (g.H + s - 1) / s && g.Wo == (g.W + s - 1) / s, "halo_cpu: q must be on k's strided grid");
   TORCH_CHECK(k.size(0) == g.N && k.size(1) == g.d && v.size(0) == g.N && v.size(2) == g.H && v.size(3) == g.W,
               "halo_cpu: q, k, v shapes disagree");
   if (g.rel)
-    TORCH_CHECK(rh.dim() == 4 && rh.size(0) == g.N && rh.size(1) == g.R && rh.size(2) == g.Ho &&
-                    rh.size(3) == g.Wo && rh.is_contiguous() && rh.scalar_type() == q.scalar_type(),
-                "halo_cpu: position maps must be [N, 2(b + h) - 1, Ho, Wo]");
+    TORCH_CHECK(rel_h.dim() == 2 && rel_w.dim() == 2 && rel_h.size(0) == g.R && rel_w.size(0) == g.R &&
+                    rel_h.size(1) == g.dr && rel_w.size(1) == g.d - g.dr && rel_h.is_contiguous() &&
+                    rel_w.is_contiguous() && rel_h.scalar_type() == q.scalar_type() &&
+                    rel_w.scalar_type() == q.scalar_type(),
+                "halo_cpu: embeddings must be rel_h [2(b + h) - 1, d/2], rel_w [2(b + h) - 1, d - d/2] "
+                "in q's dtype");
   return g;
 }
 
 std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                   torch::Tensor rh, torch::Tensor rw, int64_t b, int64_t h,
+                                   torch::Tensor rel_h, torch::Tensor rel_w, int64_t b, int64_t h,
                                    int64_t s) {
-  const Geometry g = make_geometry(q, k, v, rh, b, h, s);
+  const Geometry g = make_geometry(q, k, v, rel_h, rel_w, b, h, s);
   auto out = torch::empty({g.N, g.dv, g.Ho, g.Wo}, q.options());
   auto lse = torch::empty({g.N, g.Ho, g.Wo}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halo_cpu_forward", [&] {
-    const scalar_t* rhp = g.rel ? rh.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* rwp = g.rel ? rw.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* rhp = g.rel ? rel_h.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* rwp = g.rel ? rel_w.data_ptr<scalar_t>() : nullptr;
     forward_kernel<scalar_t>(g, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                              rhp, rwp, out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
   });
@@ -295,9 +479,9 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
 
 std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor q, torch::Tensor k,
                                     torch::Tensor v, torch::Tensor out, torch::Tensor lse,
-                                    torch::Tensor rh, torch::Tensor rw, int64_t b, int64_t h,
-                                    int64_t s, bool need_q, bool need_k, bool need_v) {
-  const Geometry g = make_geometry(q, k, v, rh, b, h, s);
+                                    torch::Tensor rel_h, torch::Tensor rel_w, int64_t b, int64_t h,
+                                    int64_t s, bool need_q, bool need_k, bool need_v, bool need_rel) {
+  const Geometry g = make_geometry(q, k, v, rel_h, rel_w, b, h, s);
   TORCH_CHECK(go.is_contiguous() && out.is_contiguous() && lse.is_contiguous() &&
                   go.sizes() == out.sizes() && go.scalar_type() == q.scalar_type(),
               "halo_cpu: grad_out, out must be contiguous [N, dv, Ho, Wo]");
@@ -305,18 +489,23 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor q, torch::Te
   if (need_q) gq = torch::empty_like(q);
   if (need_k) gk = torch::zeros_like(k);
   if (need_v) gv = torch::zeros_like(v);
-  if (g.rel) {
-    grh = torch::zeros_like(rh);
-    grw = torch::zeros_like(rw);
+  need_rel = need_rel && g.rel;
+  if (need_rel) {  // each slice's share, summed below
+    grh = torch::zeros({g.N, g.R, g.dr}, q.options());
+    grw = torch::zeros({g.N, g.R, g.d - g.dr}, q.options());
   }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halo_cpu_backward", [&] {
     auto ptr = [](torch::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
-    const scalar_t* rhp = g.rel ? rh.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* rwp = g.rel ? rw.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* rhp = g.rel ? rel_h.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* rwp = g.rel ? rel_w.data_ptr<scalar_t>() : nullptr;
     backward_kernel<scalar_t>(g, go.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                               v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
                               rhp, rwp, ptr(gq), ptr(gk), ptr(gv), ptr(grh), ptr(grw));
   });
+  if (need_rel) {
+    grh = grh.sum(0);
+    grw = grw.sum(0);
+  }
   return {gq, gk, gv, grh, grw};
 }
 
