@@ -31,7 +31,11 @@ Each (config, AMP) case runs in a fresh process, so one model's allocator state 
 another's peak. AMP: autocast to ``--amp-dtype`` (default float16 with a GradScaler on CUDA, as
 Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler). On CPU the
 process CPU time per iteration is recorded next to wall time: on a shared machine it is the
-steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Writes JSON
+steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Where the machine itself
+changes speed (a virtual machine on a shared host: the same conv training step took 524-682 ms
+within six minutes on the 2-core machine the CPU numbers come from), CPU time drifts with it:
+``--rounds 3`` measures every case three times, round-robin, and reports the median of the rounds
+with each ratio's range over them. Writes JSON
 (``--output-json``) and a markdown table (``--output-md``, or stdout; rendered by
 ``tools/aadet_tools/benchmark_tables.py``); timing and report helpers: ``tools/aadet_tools/timing.py``
 and ``tools/aadet_tools/report.py``, shared with ``tools/benchmark_layers.py``.
@@ -42,6 +46,7 @@ import os
 import sys
 import tempfile
 import warnings
+from typing import List
 
 warnings.filterwarnings(
     "ignore", category=FutureWarning
@@ -59,6 +64,7 @@ from aadet_tools.timing import (  # noqa: E402
     AMP_DTYPES,
     autocast,
     check_amp_dtype,
+    combine_rounds,
     environment_info,
     measure,
     run_case_in_subprocess,
@@ -108,6 +114,14 @@ def build_parser():
         choices=sorted(AMP_DTYPES),
         default=None,
         help="autocast dtype (default float16 + GradScaler on CUDA, bfloat16 on CPU)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every case this many times, round-robin over the configs, each time in a "
+        "fresh process; times are the median of the rounds' medians, and the train-time ratio's "
+        "range over the rounds is reported (default 1; 3 on a shared machine whose speed drifts)",
     )
     p.add_argument("--no-train", action="store_true", help="skip the training measurement")
     p.add_argument("--no-inference", action="store_true", help="skip the inference measurement")
@@ -199,6 +213,38 @@ def add_ratios(results, baseline: str):
     return results
 
 
+def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
+    """One result per case from the rounds' results (each round lists the cases in the same
+    order, each with its own ``ratios``): the phases combined by
+    :func:`~aadet_tools.timing.combine_rounds`, and ``ratio_ranges`` ``{metric: [min, max]}`` of
+    the rounds' own ratios (each round's cases ran minutes apart, so a ratio within a round is
+    the one least touched by a drifting machine). A case that failed in any round is reported by
+    its first failure."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for same in zip(*rounds):
+        failed = [r for r in same if "error" in r]
+        if failed:
+            merged.append(failed[0])
+            continue
+        r = {k: v for k, v in same[0].items() if k != "ratios"}
+        for phase in ("train", "inference"):
+            if phase in r:
+                r[phase] = combine_rounds([x[phase] for x in same])
+        if "train" in r:
+            per_image = same[0]["train"]["images_per_s"] * same[0]["train"]["median_s"]
+            r["train"]["images_per_s"] = per_image / r["train"]["median_s"]
+        r["ratio_ranges"] = {
+            m: [min(v), max(v)]
+            for m in RATIO_METRICS
+            for v in [[x["ratios"][m] for x in same if x.get("ratios", {}).get(m) is not None]]
+            if len(v) == len(same)
+        }
+        merged.append(r)
+    return merged
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
@@ -234,42 +280,51 @@ def main(argv=None) -> int:
     h, w = args.size[0], args.size[-1]
     amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
 
-    results = []
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
+
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_bench_") as tmp:
         batch_file = os.path.join(tmp, "batch.pt")
         torch.save(make_batch(args.batch, h, w, args.seed), batch_file)
-        for amp in amps:
-            for config in args.configs:
-                spec = dict(
-                    config=config,
-                    device=str(device),
-                    amp=amp,
-                    amp_dtype=amp_dtype,
-                    opts=list(args.opts),
-                    seed=args.seed,
-                    warmup=warmup,
-                    iters=iters,
-                    batch_file=batch_file,
-                    threads=args.threads,
-                    no_train=args.no_train,
-                    no_inference=args.no_inference,
-                )
-                print(
-                    f"[benchmark] {config} amp={amp_dtype if amp else 'off'} ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                r = run_case_in_subprocess(__file__, spec, tmp)
-                if "error" in r:
-                    r.update(config=config, amp=amp, amp_dtype=amp_dtype)
-                results.append(r)
-    add_ratios(results, baseline)
+        for i in range(args.rounds):
+            results = []
+            for amp in amps:
+                for config in args.configs:
+                    spec = dict(
+                        config=config,
+                        device=str(device),
+                        amp=amp,
+                        amp_dtype=amp_dtype,
+                        opts=list(args.opts),
+                        seed=args.seed,
+                        warmup=warmup,
+                        iters=iters,
+                        batch_file=batch_file,
+                        threads=args.threads,
+                        no_train=args.no_train,
+                        no_inference=args.no_inference,
+                    )
+                    print(
+                        f"[benchmark] {config} amp={amp_dtype if amp else 'off'}"
+                        + (f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else "")
+                        + " ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    r = run_case_in_subprocess(__file__, spec, tmp)
+                    if "error" in r:
+                        r.update(config=config, amp=amp, amp_dtype=amp_dtype)
+                    results.append(r)
+            rounds.append(add_ratios(results, baseline))
+    results = add_ratios(merge_rounds(rounds), baseline)
     report = {
         "device": str(device),
         "size": [h, w],
         "batch": args.batch,
         "warmup": warmup,
         "iters": iters,
+        "rounds": args.rounds,
         "amp_dtype": amp_dtype if True in amps else None,
         "baseline": baseline,
         "opts": list(args.opts),

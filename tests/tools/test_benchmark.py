@@ -182,6 +182,39 @@ def test_benchmark_ratios_and_table():
     assert lines[5].startswith("| `aa` | bfloat16 | error: CUDA out of memory |")
 
 
+def test_benchmark_rounds_take_the_median_round_and_keep_each_ratio_range():
+    """Three rounds in which the machine ran slow during the second: the medians of the rounds
+    ignore it, the train-time ratio's range shows each round's own ratio, and a case that failed
+    in any round is reported by its failure."""
+    benchmark = load_tool("benchmark")
+    base, aa, sasa = "configs/base.yaml", "configs/aa.yaml", "configs/sasa.yaml"
+
+    def case(config, median, peak):
+        train = dict(_timed(median, median, peak, images_per_s=2 / median), iters=5, times_s=[median] * 5)
+        return {"config": config, "amp": False, "params": 1e6, "train": train}
+
+    rounds = []
+    for slow, aa_time, sasa_error in ((1.0, 1.0, False), (1.6, 1.7, True), (1.04, 1.1, False)):
+        results = [case(base, 0.5 * slow, 100), case(aa, aa_time, 150 + 10 * slow)]
+        results.append({"config": sasa, "amp": False, "error": "killed"} if sasa_error else case(sasa, 2.0, 1))
+        rounds.append(benchmark.add_ratios(results, base))
+    merged = benchmark.add_ratios(benchmark.merge_rounds(rounds), base)
+    b, a, s = merged
+    assert b["train"]["median_s"] == pytest.approx(0.52) and a["train"]["median_s"] == pytest.approx(1.1)
+    assert a["train"]["round_medians_s"] == [1.0, 1.7, 1.1] and a["train"]["iters"] == 15
+    assert a["ratios"]["train_time"] == pytest.approx(1.1 / 0.52)
+    assert a["ratio_ranges"]["train_time"] == pytest.approx([2.0, 1.7 / 0.8])  # rounds: 2.0, 2.125, 2.115
+    assert a["train"]["peak_bytes"] == 166 and a["train"]["images_per_s"] == pytest.approx(2 / 1.1)
+    assert s == {"config": sasa, "amp": False, "error": "killed"}
+    assert benchmark.merge_rounds(rounds[:1]) is rounds[0]  # one round: the results as they are
+    rep = {"device": "cpu", "size": [64, 64], "batch": 2, "warmup": 1, "iters": 5, "rounds": 3,
+           "baseline": base, "env": {"device_name": "Test CPU", "torch": "2", "torch_threads": 1},
+           "results": merged}  # fmt: skip
+    md = render_model_table(rep)
+    assert "3 rounds over the configs in turn" in md
+    assert "| `aa` | off | 1.00 | 1100.0 | 2.12 (2.00-2.12) |" in md
+
+
 def test_benchmark_layers_ratios():
     benchmark_layers = load_tool("benchmark_layers")
 

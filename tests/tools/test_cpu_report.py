@@ -63,6 +63,7 @@ def test_every_target_gets_its_verdict_from_its_own_run():
     # the neighborhood route is measured but has no target of its own
     assert {r["layer"] for r in bench["layers"]} >= {"sasa_neighborhood_80", "sasa_cpp_80", "sasa_cpp-recompute_80"}
     table = render_cpu_markdown(bench)
+    assert "| demo AA vs conv demo, training step | 1.20x |" in table  # one round: no range
     assert "Some Xeon" in table and "**missed** by 0.05 (+4%)" in table  # demo SASA: 1.35 vs 1.30
     assert render_cpu_markdown(dict(bench, targets=[])) == table  # verdicts from today's targets, not the file's
 
@@ -74,3 +75,12 @@ def test_runs_from_different_cpus_or_threads_are_refused():
         benchmarks_cpu(_reports(torch_threads=2), {})
     with pytest.raises(ValueError, match="missing"):
         benchmarks_cpu({"layers": _reports()["layers"]}, {})
+
+
+def test_a_ratio_measured_in_rounds_shows_its_range():
+    reports = _reports()
+    reports["demo"]["results"][1]["ratio_ranges"] = {"train_time": [1.15, 1.31]}
+    bench = benchmarks_cpu(reports, {})
+    (row,) = [r for r in bench["configs"] if r["config"] == "trees_AA_R_26_slim_FPN"]
+    assert row["train_ms_ratio_range"] == [1.15, 1.31]
+    assert "| demo AA vs conv demo, training step | 1.20x (1.15-1.31) | <= 1.20x | met |" in render_cpu_markdown(bench)

@@ -64,7 +64,7 @@ def render_model_table(report: dict) -> str:
             _amp_cell(r),
             fmt(r["params"], ".2f", 1e-6),
             fmt(tr.get("median_s"), ".1f", 1e3),
-            fmt(rt.get("train_time"), ".2f"),
+            fmt(rt.get("train_time"), ".2f") + _range(r, "train_time"),
             fmt(tr.get("images_per_s"), ".2f"),
             fmt(mib(tr.get("peak_bytes")), ".0f"),
             fmt(rt.get("train_peak_mem"), ".2f"),
@@ -83,14 +83,23 @@ def render_model_table(report: dict) -> str:
                 fmt(rt.get("inference_cpu_time"), ".2f"),
             ]
         rows.append(row)
+    rounds = report.get("rounds", 1)
+    median = (f"median of {report['iters']} iterations after {report['warmup']} warm-up" if rounds == 1 else
+              f"{rounds} rounds over the configs in turn, each case in each round {report['iters']} "
+              f"iterations after {report['warmup']} warm-up; the median of the rounds' medians, the "
+              "train-time ratio's range over the rounds in brackets")
     head = (
         header_line(report, peak_memory_meaning(report["device"]))
-        + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, median of "
-        f"{report['iters']} iterations after {report['warmup']} warm-up; baseline "
+        + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, {median}; baseline "
         f"`{os.path.splitext(os.path.basename(report['baseline']))[0]}`.\n\n"
     )
     return head + markdown_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
 
+
+def _range(result: dict, metric: str) -> str:
+    """`` (lo-hi)``: the ratio's range over the rounds of a run of several, else ``""``."""
+    lo_hi = result.get("ratio_ranges", {}).get(metric)
+    return "" if not lo_hi else " ({:.2f}-{:.2f})".format(*lo_hi)
 
 
 _LABELS = {

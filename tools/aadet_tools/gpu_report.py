@@ -215,6 +215,8 @@ def config_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
         }
         if "error" in r:
             row["error"] = str(r["error"])[:300]
+        elif "train_time" in r.get("ratio_ranges", {}):  # a run of several rounds
+            row["train_ms_ratio_range"] = r["ratio_ranges"]["train_time"]
         rows.append(row)
     base = {row["precision"]: row for row in rows if row["config"] == config_name(report["baseline"])}
     for row in rows:
@@ -306,6 +308,8 @@ def evaluate_targets(
                     "limit": t.limit,
                     "value": value,
                 }
+                if value is not None and r.get(t.metric + "_range"):
+                    v["range"] = r[t.metric + "_range"]  # over the rounds of the run
                 if value is None:
                     why = "not measured" if r is None else (r.get("error") or "no baseline to compare with")
                     v.update(status="missing", note=why)

@@ -54,6 +54,7 @@ __all__ = [
     "PeakMemory",
     "peak_memory_meaning",
     "measure",
+    "combine_rounds",
     "environment_info",
     "run_worker",
     "run_case_in_subprocess",
@@ -232,6 +233,34 @@ def measure(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") 
         t = time_fn(fn, warmup=warmup, iters=iters, device=device)
     return dict(
         t, peak_bytes=mem.peak_bytes, peak_abs_bytes=mem.peak_abs_bytes, peak_exact=mem.exact
+    )
+
+
+def combine_rounds(rounds: Sequence[dict]) -> dict:
+    """One :func:`measure` result from the same case measured in several rounds (the cases of a
+    run taken round-robin, each round in fresh processes): ``median_s`` and ``cpu_median_s`` are
+    the medians of the rounds' medians, so one round on a slowed machine (a shared host's speed
+    drifts by tens of percent over minutes) moves neither; ``round_medians_s`` keeps each round's
+    median, ``times_s`` and the quantiles pool every timed call, peak memory is the largest."""
+    if not rounds:
+        raise ValueError("combine_rounds needs at least one round")
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    times = [t for r in rounds for t in r["times_s"]]
+    peaks = [r.get("peak_bytes") for r in rounds]
+    return dict(
+        rounds[0],
+        median_s=statistics.median(r["median_s"] for r in rounds),
+        p25_s=_quantile(times, 0.25),
+        p75_s=_quantile(times, 0.75),
+        min_s=min(times),
+        cpu_median_s=statistics.median(r["cpu_median_s"] for r in rounds),
+        iters=sum(r["iters"] for r in rounds),
+        times_s=times,
+        round_medians_s=[r["median_s"] for r in rounds],
+        peak_bytes=None if None in peaks else max(peaks),
+        peak_abs_bytes=max((r.get("peak_abs_bytes") or 0) for r in rounds) or None,
+        peak_exact=all(r.get("peak_exact", False) for r in rounds),
     )
 
 
