@@ -4,7 +4,7 @@
 
     OMP_NUM_THREADS=1 python tools/profile_step.py --configs configs/Demo/trees_R_26_slim_FPN.yaml \\
         configs/Demo/trees_AA_R_26_slim_FPN.yaml configs/Demo/trees_SASA_R_26_slim_FPN.yaml \\
-        configs/Demo/trees_SASA_full_attention_R_26_slim.yaml \\
+        configs/Demo/trees_SASA_full_attention_R_26_slim.yaml configs/Demo/trees_Halo_R_26_slim_FPN.yaml \\
         --output-json docs/runs/benchmarks/profile_demo_cpu.json
 
 For each config, on the synthetic batch of ``tools/benchmark.py`` (same size, batch and seed
