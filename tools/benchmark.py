@@ -62,12 +62,15 @@ from aadet_tools.report import (  # noqa: E402
 )
 from aadet_tools.timing import (  # noqa: E402
     AMP_DTYPES,
+    TakeTurns,
     autocast,
     check_amp_dtype,
     combine_rounds,
     environment_info,
     measure,
+    quantile,
     run_case_in_subprocess,
+    run_interleaved,
     worker_main,
 )
 from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
@@ -123,6 +126,13 @@ def build_parser():
         "fresh process; times are the median of the rounds' medians, and the train-time ratio's "
         "range over the rounds is reported (default 1; 3 on a shared machine whose speed drifts)",
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="all configs' processes alive at once, taking turns iteration by iteration, so that "
+        "every case is timed in the same minutes (a machine whose speed drifts moves them alike); "
+        "the train-time ratio's interquartile range over the paired iterations is reported",
+    )
     p.add_argument("--no-train", action="store_true", help="skip the training measurement")
     p.add_argument("--no-inference", action="store_true", help="skip the inference measurement")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
@@ -163,6 +173,7 @@ def run_case(spec: dict) -> dict:
     data = torch.load(spec["batch_file"])
     num_classes = cfg.MODEL.RETINANET.NUM_CLASSES
     amp, amp_dtype = spec["amp"], spec["amp_dtype"]
+    turns = TakeTurns.from_spec(spec)  # --interleave
     result = {
         "config": spec["config"],
         "amp": amp,
@@ -179,13 +190,13 @@ def run_case(spec: dict) -> dict:
             with torch.no_grad(), autocast(device, amp_dtype, amp):
                 model(inputs)
 
-        m = measure(infer, warmup=spec["warmup"], iters=spec["iters"], device=device)
+        m = measure(infer, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
         result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs))
 
     if not spec["no_train"]:
         step = TrainingStep(model, detectron2_inputs(data, num_classes, with_instances=True),
                             amp_dtype=amp_dtype if amp else None)
-        m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device)
+        m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
         result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"])
     return result
 
@@ -245,6 +256,21 @@ def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
     return merged
 
 
+def add_paired_spread(results: List[dict], baseline: str) -> List[dict]:
+    """The train-time ratio of an interleaved run from its pairs: each timed iteration over the
+    baseline's iteration of the same turn (the two ran seconds apart); ``ratios["train_time"]``
+    is their median, ``ratio_ranges["train_time"]`` their 25 and 75 % quantiles."""
+    base = index_results(results, key=lambda r: (r["config"], r["amp"]))
+    for r in results:
+        b = base.get((baseline, r["amp"]))
+        if "error" in r or b is None or "train" not in r or "train" not in b:
+            continue
+        paired = [t / tb for t, tb in zip(r["train"]["times_s"], b["train"]["times_s"])]
+        r["ratios"]["train_time"] = quantile(paired, 0.5)
+        r.setdefault("ratio_ranges", {})["train_time"] = [quantile(paired, 0.25), quantile(paired, 0.75)]
+    return results
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
@@ -282,6 +308,9 @@ def main(argv=None) -> int:
 
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
+    if args.interleave and args.rounds > 1:
+        raise SystemExit("give --interleave or --rounds N, not both (two ways to say how the "
+                         "ratio spreads)")
 
     rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_bench_") as tmp:
@@ -290,8 +319,8 @@ def main(argv=None) -> int:
         for i in range(args.rounds):
             results = []
             for amp in amps:
-                for config in args.configs:
-                    spec = dict(
+                specs = [
+                    dict(
                         config=config,
                         device=str(device),
                         amp=amp,
@@ -305,19 +334,27 @@ def main(argv=None) -> int:
                         no_train=args.no_train,
                         no_inference=args.no_inference,
                     )
-                    print(
-                        f"[benchmark] {config} amp={amp_dtype if amp else 'off'}"
-                        + (f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else "")
-                        + " ...",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    r = run_case_in_subprocess(__file__, spec, tmp)
+                    for config in args.configs
+                ]
+                tag = f" amp={amp_dtype if amp else 'off'}" + (
+                    f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else "")
+                if args.interleave:
+                    print(f"[benchmark] {len(specs)} configs interleaved{tag} ...", file=sys.stderr, flush=True)
+                    phases = (not args.no_train) + (not args.no_inference)
+                    rs = run_interleaved(__file__, specs, tmp, calls=phases * (warmup + iters))
+                else:
+                    rs = []
+                    for spec in specs:
+                        print(f"[benchmark] {spec['config']}{tag} ...", file=sys.stderr, flush=True)
+                        rs.append(run_case_in_subprocess(__file__, spec, tmp))
+                for config, r in zip(args.configs, rs):
                     if "error" in r:
                         r.update(config=config, amp=amp, amp_dtype=amp_dtype)
                     results.append(r)
             rounds.append(add_ratios(results, baseline))
     results = add_ratios(merge_rounds(rounds), baseline)
+    if args.interleave:
+        add_paired_spread(results, baseline)
     report = {
         "device": str(device),
         "size": [h, w],
@@ -325,6 +362,7 @@ def main(argv=None) -> int:
         "warmup": warmup,
         "iters": iters,
         "rounds": args.rounds,
+        "interleave": args.interleave,
         "amp_dtype": amp_dtype if True in amps else None,
         "baseline": baseline,
         "opts": list(args.opts),

@@ -9,8 +9,10 @@ Runs ``tools/benchmark_layers.py`` and ``tools/benchmark.py`` (every case in a f
 what each run measures: :data:`aadet_tools.cpu_report.CPU_RUNS`), one after the other, then
 prints the targets table (:data:`~aadet_tools.cpu_report.CPU_TARGETS`) and writes the report
 JSON (the layout of ``docs/benchmarks_cuda.json``) and, with ``--runs-dir``, each run's own JSON.
-Run it on an otherwise idle machine: the ratios compare wall times within one run. About ten
-minutes on one core.
+Run it on an otherwise idle machine: the ratios compare wall times within one run. Against a
+machine whose own speed drifts, the layer run repeats its cases in rounds and the model runs
+interleave their configs iteration by iteration (``--rounds``, ``--interleave``); what remains
+shows as each ratio's spread in the table.
 """
 import argparse
 import json

@@ -70,6 +70,7 @@ from aadet_tools.timing import (  # noqa: E402
     check_amp_dtype,
     environment_info,
     measure,
+    combine_rounds,
     run_case_in_subprocess,
     worker_main,
 )
@@ -287,6 +288,20 @@ def add_ratios(results):
     return results
 
 
+def merge_rounds(rounds):
+    """One result per case from the rounds (each lists the same cases in the same order): the
+    timings combined by :func:`~aadet_tools.timing.combine_rounds` (each keeps its
+    ``round_medians_s``); a case skipped or failed in any round is reported by its first such
+    result."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for same in zip(*rounds):
+        bad = [r for r in same if "error" in r or "skipped" in r]
+        merged.append(bad[0] if bad else combine_rounds(same))
+    return merged
+
+
 # ----------------------------------------------------------------------------- main
 def build_parser():
     p = argparse.ArgumentParser(
@@ -318,6 +333,14 @@ def build_parser():
         help="skip naive AA cases estimated above this (default 6 on CPU, none on CUDA)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every case this many times, round-robin over the cases, each time in a "
+        "fresh process; a case's time is the median of its rounds' medians (default 1; 3 on a "
+        "shared machine whose speed drifts, as tools/benchmark.py --rounds)",
+    )
     p.add_argument("--output-json", metavar="FILE")
     p.add_argument("--output-md", metavar="FILE", help="markdown tables here (default: stdout)")
     p.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
@@ -343,33 +366,42 @@ def main(argv=None) -> int:
         ref = check_references()
     if max(ref.values()) > 1e-9:
         raise SystemExit(f"naive references disagree with aadet's implementations: {ref}")
-    results = []
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
+    cases = plan_cases(suites, args.sizes, args.batch, max_gib * 2**30, cuda=cuda)
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_layers_") as tmp:
-        for case in plan_cases(suites, args.sizes, args.batch, max_gib * 2**30, cuda=cuda):
-            if "skipped" in case:
-                results.append(case)
-                continue
-            print(f"[benchmark_layers] {case}", file=sys.stderr, flush=True)
-            spec = dict(
-                case=case,
-                device=str(device),
-                batch=args.batch,
-                warmup=warmup,
-                iters=iters,
-                amp=args.amp,
-                amp_dtype=amp_dtype,
-                threads=args.threads,
-            )
-            r = run_case_in_subprocess(__file__, spec, tmp)
-            results.append(
-                dict(case, error=r["error"], detail=r.get("detail")) if "error" in r else r
-            )
+        for i in range(args.rounds):
+            results = []
+            for case in cases:
+                if "skipped" in case:
+                    results.append(case)
+                    continue
+                tag = f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else ""
+                print(f"[benchmark_layers] {case}{tag}", file=sys.stderr, flush=True)
+                spec = dict(
+                    case=case,
+                    device=str(device),
+                    batch=args.batch,
+                    warmup=warmup,
+                    iters=iters,
+                    amp=args.amp,
+                    amp_dtype=amp_dtype,
+                    threads=args.threads,
+                )
+                r = run_case_in_subprocess(__file__, spec, tmp)
+                results.append(
+                    dict(case, error=r["error"], detail=r.get("detail")) if "error" in r else r
+                )
+            rounds.append(results)
+    results = merge_rounds(rounds)
     add_ratios(results)
     report = dict(
         device=str(device),
         batch=args.batch,
         warmup=warmup,
         iters=iters,
+        rounds=args.rounds,
         amp=args.amp,
         amp_dtype=amp_dtype if args.amp else None,
         env=environment_info(device),

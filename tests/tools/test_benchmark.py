@@ -13,6 +13,7 @@ import torch
 
 from aadet_tools import timing
 from aadet_tools.benchmark_tables import render_layer_tables, render_model_table
+from aadet_tools.gpu_report import config_rows, layer_rows
 from aadet_tools.report import (
     MISSING,
     fmt,
@@ -261,6 +262,81 @@ def test_benchmark_layers_halo_ratios_and_table():
     assert "**HaloNet: HaloSelfAttention2d (b 8, h 3, 8 heads) vs 3x3 conv and SASA (k 7)**" in md
     assert "| 40x40, C=256 | HaloSelfAttention2d, ours (C++ kernel) | 3000.0 | 3000.0 | 1.50 | 0.50 |" in md
     assert "| 40x40, C=256 | HaloSelfAttention2d, ours (fused SDPA) | 1000.0 | 1000.0 | 0.50 | 0.17 |" in md
+
+
+def test_benchmark_layers_rounds_and_their_ratio_range():
+    """Rounds of the layer suite: each case's time is the median of its rounds, a case that failed
+    in a round is reported failed, and the report's layer rows carry each round's ratio range."""
+    benchmark_layers = load_tool("benchmark_layers")
+
+    def case(impl, median, **extra):
+        return dict(suite="halo", kind="layer", impl=impl, side=40, channels=256, iters=5,
+                    times_s=[median] * 5, **_timed(median, median, 10), **extra)
+
+    rounds = [[case("cpp", 1.0), case("conv3x3", 1.0), case("bmm", 1.0)],
+              [case("cpp", 1.8), case("conv3x3", 2.0), dict(case("bmm", 0), error="killed")],
+              [case("cpp", 0.9), case("conv3x3", 1.2), case("bmm", 1.0)]]
+    cpp, conv, bmm = benchmark_layers.add_ratios(benchmark_layers.merge_rounds(rounds))
+    assert cpp["median_s"] == 1.0 and conv["median_s"] == 1.2 and cpp["round_medians_s"] == [1.0, 1.8, 0.9]
+    assert cpp["ratios"]["conv3x3"]["time"] == pytest.approx(1.0 / 1.2) and bmm["error"] == "killed"
+    rows = {r["impl"]: r for r in layer_rows(dict(batch=1, amp=False, results=[cpp, conv, bmm]))}
+    assert rows["cpp"]["train_ms_ratio"] == pytest.approx(1.0 / 1.2)
+    assert rows["cpp"]["train_ms_ratio_range"] == pytest.approx([0.75, 1.0])  # rounds: 1.0, 0.9, 0.75
+    assert "train_ms_ratio_range" not in rows["bmm"]
+
+
+def test_interleaved_ratio_is_the_median_of_the_paired_iterations():
+    """The machine ran at half speed during the second turn: ratio of medians would say 1.6, the
+    pairs (each iteration over the baseline's of the same turn) say 1.5 with a narrow spread."""
+    benchmark = load_tool("benchmark")
+    base, aa = "configs/base.yaml", "configs/aa.yaml"
+
+    def case(config, times):
+        return {"config": config, "amp": False, "params": 1e6,
+                "train": dict(_timed(sorted(times)[1], sorted(times)[1], 1), times_s=times, images_per_s=1.0)}
+
+    results = benchmark.add_ratios([case(base, [1.0, 2.0, 1.0]), case(aa, [1.5, 3.0, 1.6])], base)
+    assert results[1]["ratios"]["train_time"] == pytest.approx(1.6)
+    benchmark.add_paired_spread(results, base)
+    assert results[1]["ratios"]["train_time"] == pytest.approx(1.5)
+    assert results[1]["ratio_ranges"]["train_time"] == pytest.approx([1.5, 1.55])
+    report = {"baseline": base, "interleave": True, "results": results}
+    rows = config_rows(report)
+    assert rows[1]["train_ms_ratio"] == pytest.approx(1.5)
+    assert rows[1]["train_ms_ratio_range"] == pytest.approx([1.5, 1.55])
+    assert config_rows(dict(report, interleave=False))[1]["train_ms_ratio"] == pytest.approx(1.6)
+
+
+_TURN_WORKER = """
+import sys, time
+sys.path.insert(0, {tools!r})
+from aadet_tools.timing import TakeTurns, time_fn, worker_main
+
+def run_case(spec):
+    if spec.get("fail"):
+        raise RuntimeError("this case fails")
+    starts = []
+    def fn():
+        starts.append(time.monotonic())
+        time.sleep(0.02)
+    time_fn(fn, warmup=1, iters=3, turns=TakeTurns.from_spec(spec))
+    return {{"name": spec["name"], "starts": starts}}
+
+sys.exit(worker_main(sys.argv[2], run_case))
+"""
+
+
+def test_interleaved_workers_take_turns_call_by_call(tmp_path):
+    """--interleave's mechanism: the workers' calls (warm-up and timed) alternate a, b, a, b, ...
+    (no two at once), and a worker that fails drops out without stopping the others."""
+    script = tmp_path / "worker.py"
+    script.write_text(_TURN_WORKER.format(tools=TOOLS))
+    specs = [{"name": "a"}, {"name": "broken", "fail": True}, {"name": "b"}]
+    a, broken, b = timing.run_interleaved(str(script), specs, str(tmp_path), calls=4, timeout=120)
+    assert "this case fails" in broken["error"]
+    calls = sorted([(t, "a") for t in a["starts"]] + [(t, "b") for t in b["starts"]])
+    assert [name for _, name in calls] == ["a", "b"] * 4
+    assert all(t1 - t0 >= 0.015 for (t0, _), (t1, _) in zip(calls, calls[1:]))  # one at a time
 
 
 @pytest.mark.parametrize("tool", ["benchmark", "benchmark_layers"])

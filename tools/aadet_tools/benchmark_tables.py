@@ -88,6 +88,10 @@ def render_model_table(report: dict) -> str:
               f"{rounds} rounds over the configs in turn, each case in each round {report['iters']} "
               f"iterations after {report['warmup']} warm-up; the median of the rounds' medians, the "
               "train-time ratio's range over the rounds in brackets")
+    if report.get("interleave"):
+        median += (" (the configs' processes taking turns iteration by iteration; the train-time "
+                   "ratio is the median, in brackets the interquartile range, of each iteration's "
+                   "time over the baseline's of the same turn)")
     head = (
         header_line(report, peak_memory_meaning(report["device"]))
         + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, {median}; baseline "
@@ -133,10 +137,14 @@ _LABELS = {
 def render_layer_tables(report: dict) -> str:
     """``tools/benchmark_layers.py``'s report: one markdown table per suite (AA: ratios to the naive
     implementation; SASA: to a 3x3 conv and to ``unfold``; HaloNet: to a 3x3 conv and to SASA)."""
+    rounds = report.get("rounds", 1)
+    median = (f"median of {report['iters']} after {report['warmup']} warm-up" if rounds == 1 else
+              f"{rounds} rounds over the cases in turn, each case in each round {report['iters']} "
+              f"iterations after {report['warmup']} warm-up; the median of the rounds' medians")
     out = [
         header_line(report, peak_memory_meaning(report["device"]))
         + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
-        f"median of {report['iters']} after {report['warmup']} warm-up. Reference check (float64, "
+        f"{median}. Reference check (float64, "
         "max abs diff naive vs ours): "
         f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
     ]

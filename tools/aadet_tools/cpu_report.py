@@ -42,21 +42,21 @@ _COCO = "configs/COCO-Detection/{}.yaml"
 CPU_RUNS: Dict[str, tuple] = {
     "layers": ("tools/benchmark_layers.py", [
         "--suite", "sasa", "--device", "cpu", "--batch", "1", "--sizes", "80", "40",
-        "--warmup", "1", "--iters", "5"]),
+        "--warmup", "1", "--iters", "5", "--rounds", "3"]),
     "demo": ("tools/benchmark.py", [
         "--configs", _DEMO.format("R_26_slim_FPN"), _DEMO.format("AA_R_26_slim_FPN"),
         _DEMO.format("SASA_R_26_slim_FPN"), _DEMO.format("SASA_full_attention_R_26_slim"),
         _DEMO.format("Halo_R_26_slim_FPN"),
-        "--device", "cpu", "--size", "400", "--batch", "2", "--warmup", "2", "--iters", "5",
-        "--rounds", "3", "--no-inference"]),
+        "--device", "cpu", "--size", "400", "--batch", "2", "--warmup", "2", "--iters", "10",
+        "--interleave", "--no-inference"]),
     "coco": ("tools/benchmark.py", [
         "--configs", _COCO.format("retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("aa_retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("sasa_convstem_retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"),
         _COCO.format("halo_retinanet_R_50_FPN_scratch_150ep"),
-        "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "3",
-        "--rounds", "3"]),
+        "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "5",
+        "--interleave"]),
 }
 
 #: The precisions the CPU runs measure (no autocast in CPU_RUNS): each target gets its verdict in them.
@@ -142,7 +142,5 @@ def render_cpu_markdown(bench: dict, targets=CPU_TARGETS) -> str:
     head = (f"CPU: **{bench['device_name']}**, torch {bench['torch']}, {bench['threads']} thread(s); "
             "ratios within one run (layers: to a 3x3 conv of the same width and map; models: to the "
             "conv model of the same run), wall time, training step (forward, backward, SGD step); "
-            "models: the median of the rounds' medians, in brackets the ratio's range over the "
-            "rounds (each round takes the configs in turn, so it shows how far the machine's speed "
-            "drifted during the run).\n\n")
+            "in brackets the ratio's spread within its run, as the run's table below says.\n\n")
     return head + markdown_table(["What (CPU, same run)", "Measured", "Target", "Met"], rows)

@@ -215,14 +215,16 @@ def config_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
         }
         if "error" in r:
             row["error"] = str(r["error"])[:300]
-        elif "train_time" in r.get("ratio_ranges", {}):  # a run of several rounds
+        elif "train_time" in r.get("ratio_ranges", {}):  # several rounds, or interleaved
             row["train_ms_ratio_range"] = r["ratio_ranges"]["train_time"]
         rows.append(row)
     base = {row["precision"]: row for row in rows if row["config"] == config_name(report["baseline"])}
-    for row in rows:
+    for row, r in zip(rows, report["results"]):
         b = base.get(row["precision"], {})
         for key in ("train_ms", "infer_ms", "train_peak_mib"):
             row[key + "_ratio"] = ratio(row[key], b.get(key))
+        if report.get("interleave") and row["train_ms_ratio"] is not None:
+            row["train_ms_ratio"] = r["ratios"]["train_time"]  # the median of the paired iterations
     return rows
 
 
@@ -251,12 +253,17 @@ def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
         }
         if "error" in r or "skipped" in r:
             row["error"] = str(r.get("error") or r.get("skipped"))[:300]
+        if r.get("round_medians_s"):  # a run of several rounds
+            row["round_ms"] = [1e3 * t for t in r["round_medians_s"]]
         rows.append(row)
     ref = {(row["suite"], row["side"]): row for row in rows if row["impl"] == LAYER_REFERENCE}
     for row in rows:
         b = ref.get((row["suite"], row["side"]))
         for key in ("train_ms", "train_peak_mib"):
             row[key + "_ratio"] = None if b is None else ratio(row[key], b[key])
+        if b is not None and row.get("round_ms") and b.get("round_ms"):
+            per_round = [t / tb for t, tb in zip(row["round_ms"], b["round_ms"])]
+            row["train_ms_ratio_range"] = [min(per_round), max(per_round)]
     return [row for row in rows if (row["suite"], row["side"]) in ref]
 
 

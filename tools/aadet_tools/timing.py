@@ -31,10 +31,12 @@ import json
 import os
 import platform
 import resource
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -49,6 +51,7 @@ __all__ = [
     "needs_grad_scaler",
     "autocast",
     "TimingResult",
+    "quantile",
     "synchronize",
     "time_fn",
     "PeakMemory",
@@ -57,6 +60,8 @@ __all__ = [
     "combine_rounds",
     "environment_info",
     "run_worker",
+    "TakeTurns",
+    "run_interleaved",
     "run_case_in_subprocess",
     "worker_main",
 ]
@@ -110,7 +115,7 @@ class TimingResult(dict):
         return self["median_s"]
 
 
-def _quantile(xs: Sequence[float], q: float) -> float:
+def quantile(xs: Sequence[float], q: float) -> float:
     xs = sorted(xs)
     pos = q * (len(xs) - 1)
     lo = int(pos)
@@ -118,7 +123,9 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def time_fn(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") -> TimingResult:
+def time_fn(
+    fn: Callable[[], object], *, warmup: int, iters: int, device="cpu", turns: Optional["TakeTurns"] = None
+) -> TimingResult:
     """Median time of ``fn()`` over ``iters`` calls after ``warmup`` untimed calls.
 
     Args:
@@ -126,27 +133,37 @@ def time_fn(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") 
         warmup: untimed calls first (allocator, cuDNN autotuning, lazy init); >= 0.
         iters: timed calls; >= 1.
         device: synchronized before and after every timed call.
+        turns: interleaved timing (:func:`run_interleaved`): every call, warm-up included, waits
+            for this process' turn and hands it on after.
     """
     if iters < 1 or warmup < 0:
         raise ValueError(
             f"time_fn needs iters >= 1 and warmup >= 0; got iters={iters}, warmup={warmup}"
         )
     for _ in range(warmup):
+        if turns:
+            turns.wait()
         fn()
-    synchronize(device)
+        synchronize(device)
+        if turns:
+            turns.done()
     wall: List[float] = []
     cpu: List[float] = []
     for _ in range(iters):
+        if turns:
+            turns.wait()
         synchronize(device)
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         synchronize(device)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        if turns:
+            turns.done()
     return TimingResult(
         median_s=statistics.median(wall),
-        p25_s=_quantile(wall, 0.25),
-        p75_s=_quantile(wall, 0.75),
+        p25_s=quantile(wall, 0.25),
+        p75_s=quantile(wall, 0.75),
         min_s=min(wall),
         cpu_median_s=statistics.median(cpu),
         iters=iters,
@@ -226,11 +243,13 @@ def peak_memory_meaning(device) -> str:
     return "process RSS high-water mark above the state before the phase"
 
 
-def measure(fn: Callable[[], object], *, warmup: int, iters: int, device="cpu") -> dict:
+def measure(
+    fn: Callable[[], object], *, warmup: int, iters: int, device="cpu", turns: Optional["TakeTurns"] = None
+) -> dict:
     """:func:`time_fn` inside :class:`PeakMemory`: the timing keys plus ``peak_bytes``,
     ``peak_abs_bytes`` and ``peak_exact`` (the keys of every benchmark result)."""
     with PeakMemory(device) as mem:
-        t = time_fn(fn, warmup=warmup, iters=iters, device=device)
+        t = time_fn(fn, warmup=warmup, iters=iters, device=device, turns=turns)
     return dict(
         t, peak_bytes=mem.peak_bytes, peak_abs_bytes=mem.peak_abs_bytes, peak_exact=mem.exact
     )
@@ -251,8 +270,8 @@ def combine_rounds(rounds: Sequence[dict]) -> dict:
     return dict(
         rounds[0],
         median_s=statistics.median(r["median_s"] for r in rounds),
-        p25_s=_quantile(times, 0.25),
-        p75_s=_quantile(times, 0.75),
+        p25_s=quantile(times, 0.25),
+        p75_s=quantile(times, 0.75),
         min_s=min(times),
         cpu_median_s=statistics.median(r["cpu_median_s"] for r in rounds),
         iters=sum(r["iters"] for r in rounds),
@@ -342,3 +361,75 @@ def worker_main(spec_file: str, run_case: Callable[[dict], dict]) -> int:
         out = {"error": f"CUDA out of memory: {e}"[:500]}
     print(json.dumps(out))
     return 0
+
+
+# ----------------------------------------------------------------------------- interleaved timing
+class TakeTurns:
+    """The worker's side of :func:`run_interleaved`: :meth:`wait` blocks until the parent gives
+    this process its turn (one byte on the ``go`` FIFO), :meth:`done` hands it back (one byte on
+    ``ack``). The FIFOs are opened at the first turn, after the worker has built its model."""
+
+    def __init__(self, go_path: str, ack_path: str):
+        self._paths = (go_path, ack_path)
+        self._go = self._ack = None
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Optional["TakeTurns"]:
+        """The turns a worker's spec asks for (its ``"turns"``: the two FIFO paths), or None."""
+        return cls(*spec["turns"]) if spec.get("turns") else None
+
+    def wait(self) -> None:
+        if self._go is None:
+            self._go = open(self._paths[0], "rb", buffering=0)
+            self._ack = open(self._paths[1], "wb", buffering=0)
+        if self._go.read(1) != b"g":
+            raise RuntimeError("interleaved timing: the parent stopped giving turns")
+
+    def done(self) -> None:
+        self._ack.write(b"a")
+
+
+def run_interleaved(
+    script: str, specs: Sequence[dict], tmpdir: str, calls: int, timeout: Optional[float] = None
+) -> List[dict]:
+    """Run one worker per spec (:func:`run_case_in_subprocess`), all alive at once, and let them
+    take turns call by call: worker 1's call, worker 2's, ..., worker 1's next call, and so on,
+    ``calls`` times each (what each worker's :func:`time_fn` makes: warm-up and timed calls of
+    every phase it measures). Only one of them computes at any moment, so every case is timed on
+    the same machine at the same minutes: a shared host whose speed drifts by tens of percent
+    over minutes moves all cases alike and leaves their ratios. Each worker keeps its own
+    process (its peak memory is its own). A worker that fails drops out of the turns; its result
+    is the failure.
+    """
+    fds, threads = [], []
+    results: List[Optional[dict]] = [None] * len(specs)
+    for i, spec in enumerate(specs):
+        go, ack = os.path.join(tmpdir, f"turn{i}.go"), os.path.join(tmpdir, f"turn{i}.ack")
+        os.mkfifo(go)
+        os.mkfifo(ack)
+        fds.append((os.open(go, os.O_RDWR), os.open(ack, os.O_RDWR)))  # O_RDWR: never blocks
+
+        def run(i=i, spec=dict(spec, turns=[go, ack])):
+            results[i] = run_case_in_subprocess(script, spec, tmpdir, timeout)
+
+        threads.append(threading.Thread(target=run, daemon=True))
+    for t in threads:
+        t.start()
+    alive = list(range(len(specs)))
+    try:
+        for _ in range(calls):
+            for i in list(alive):
+                os.write(fds[i][0], b"g")
+                while not select.select([fds[i][1]], [], [], 1.0)[0]:
+                    if not threads[i].is_alive():  # failed (or finished early): out of the turns
+                        alive.remove(i)
+                        break
+                else:
+                    os.read(fds[i][1], 1)
+        for t in threads:
+            t.join()
+    finally:
+        for go_fd, ack_fd in fds:
+            os.close(go_fd)
+            os.close(ack_fd)
+    return [r for r in results]
