@@ -83,4 +83,7 @@ def test_a_ratio_measured_in_rounds_shows_its_range():
     bench = benchmarks_cpu(reports, {})
     (row,) = [r for r in bench["configs"] if r["config"] == "trees_AA_R_26_slim_FPN"]
     assert row["train_ms_ratio_range"] == [1.15, 1.31]
-    assert "| demo AA vs conv demo, training step | 1.20x (1.15-1.31) | <= 1.20x | met |" in render_cpu_markdown(bench)
+    table = render_cpu_markdown(bench)
+    assert "| demo AA vs conv demo, training step | 1.20x (1.15-1.31) | <= 1.20x | met, within the spread |" in table
+    reports["demo"]["results"][1]["ratio_ranges"] = {"train_time": [1.21, 1.31]}  # the target below it
+    assert "| 1.20x (1.21-1.31) | <= 1.20x | met |" in render_cpu_markdown(benchmarks_cpu(reports, {}))

@@ -135,6 +135,8 @@ def render_cpu_markdown(bench: dict, targets=CPU_TARGETS) -> str:
             verdict = f"**missed** by {v['excess']:.2f} ({v['excess_pct']:+.0f}%)"
         else:
             verdict = "not measured: " + str(v.get("note", ""))[:60]
+        if v.get("range") and v["range"][0] <= v["limit"] <= v["range"][1]:
+            verdict += ", within the spread"  # the run cannot tell met from missed
         measured = _f(v["value"]) + "x"
         if v.get("range"):
             measured += " ({:.2f}-{:.2f})".format(*v["range"])
