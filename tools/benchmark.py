@@ -32,10 +32,11 @@ another's peak. AMP: autocast to ``--amp-dtype`` (default float16 with a GradSca
 Detectron2's AMPTrainer; bfloat16 on CPU; bfloat16 on CUDA needs no GradScaler). On CPU the
 process CPU time per iteration is recorded next to wall time: on a shared machine it is the
 steadier number (with ``OMP_NUM_THREADS=1`` it is the compute time). Where the machine itself
-changes speed (a virtual machine on a shared host: the same conv training step took 524-682 ms
-within six minutes on the 2-core machine the CPU numbers come from), CPU time drifts with it:
-``--rounds 3`` measures every case three times, round-robin, and reports the median of the rounds
-with each ratio's range over them. Writes JSON
+changes speed (a virtual machine on a shared host; BENCHMARKS.md, "How it is measured"), CPU time
+drifts with it: ``--interleave`` keeps every config's process alive and lets them take turns
+iteration by iteration (the train-time ratio is the median of each iteration over the baseline's
+of the same turn), ``--rounds N`` measures every case N times round-robin (the median of the
+rounds' medians); either reports the ratio's spread. Writes JSON
 (``--output-json``) and a markdown table (``--output-md``, or stdout; rendered by
 ``tools/aadet_tools/benchmark_tables.py``); timing and report helpers: ``tools/aadet_tools/timing.py``
 and ``tools/aadet_tools/report.py``, shared with ``tools/benchmark_layers.py``.

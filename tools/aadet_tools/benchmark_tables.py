@@ -101,7 +101,8 @@ def render_model_table(report: dict) -> str:
 
 
 def _range(result: dict, metric: str) -> str:
-    """`` (lo-hi)``: the ratio's range over the rounds of a run of several, else ``""``."""
+    """`` (lo-hi)``: the ratio's spread (over the rounds, or the interleaved pairs' interquartile
+    range), else ``""``."""
     lo_hi = result.get("ratio_ranges", {}).get(metric)
     return "" if not lo_hi else " ({:.2f}-{:.2f})".format(*lo_hi)
 

@@ -316,7 +316,7 @@ def evaluate_targets(
                     "value": value,
                 }
                 if value is not None and r.get(t.metric + "_range"):
-                    v["range"] = r[t.metric + "_range"]  # over the rounds of the run
+                    v["range"] = r[t.metric + "_range"]  # its spread: rounds or interleaved pairs
                 if value is None:
                     why = "not measured" if r is None else (r.get("error") or "no baseline to compare with")
                     v.update(status="missing", note=why)

@@ -432,4 +432,4 @@ def run_interleaved(
         for go_fd, ack_fd in fds:
             os.close(go_fd)
             os.close(ack_fd)
-    return [r for r in results]
+    return results
