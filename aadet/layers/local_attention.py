@@ -102,6 +102,9 @@ class LocalSelfAttention2d(LocalAttention2dBase):
             (the C++ kernel's recompute mode: less training memory; BENCHMARKS.md has its time
             and memory); only with ``impl`` ``"auto"`` (where the route it takes can)
             or a route that can (see :func:`~aadet.layers.functional.local_self_attention_2d`).
+            On CPU ``"auto"`` recomputes anyway at heads of up to
+            :data:`~aadet.layers.functional.local_attention.AUTO_RECOMPUTE_MAX_HEAD_CHANNELS`
+            channels, where that is the faster mode.
         bias: add a learned per-channel bias to the output (off in the paper; used where the
             layer replaces a biased convolution).
         norm: module applied after pooling and bias (e.g. ``nn.BatchNorm2d(out_channels)``).

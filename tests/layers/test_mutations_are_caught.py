@@ -25,7 +25,9 @@ from tests.layers.test_local_attention import _manual_layer as reference_sasa
 D = torch.float64
 #: module kind -> (float64 module, its brute-force composition); the stem in both of its routes.
 MODULES = {
-    "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3), reference_sasa),
+    # impl="cpp": at these narrow heads "auto" would recompute, and the stored mode is tested here
+    "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3, impl="cpp"),
+             reference_sasa),
     "sasa_recompute": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, recompute_attention=True),
                        reference_sasa),
     "halo": (lambda: HaloSelfAttention2d(6, 8, block_size=4, halo_size=1, num_heads=2, stride=2), reference_halo),

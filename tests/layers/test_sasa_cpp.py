@@ -12,6 +12,7 @@ import torch
 from aadet.layers import LocalSelfAttention2d
 from aadet.layers.functional.backends import sasa_cpp
 from aadet.layers.functional.local_attention import (
+    AUTO_RECOMPUTE_MAX_HEAD_CHANNELS,
     auto_local_attention_impl,
     local_self_attention_2d,
 )
@@ -60,12 +61,12 @@ def _float64(b, nh, h, w, dk, dv, ks, seed=0):
     return [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
 
 
-def _errors(ins, ks, g, **kwargs):
+def _errors(ins, ks, g, impl="cpp", **kwargs):
     """Max abs differences to the float64 brute force: the output, then the gradient of each
     input given (q, k, v, rel_h, rel_w; None inputs skipped)."""
     a = [None if t is None else t.clone().requires_grad_(True) for t in ins]
     b = [None if t is None else t.clone().requires_grad_(True) for t in ins]
-    out = local_self_attention_2d(*a, ks, impl="cpp", **kwargs)
+    out = local_self_attention_2d(*a, ks, impl=impl, **kwargs)
     ref = brute_force(*b, ks)
     given = [i for i, t in enumerate(a) if t is not None]
     ga = torch.autograd.grad(out, [a[i] for i in given], g)
@@ -156,6 +157,78 @@ def test_recompute_keeps_nothing_of_size_k2_per_pixel():
     pixels = 2 * 24 * 40
     assert max(saved[False]) >= 49 * pixels  # the probabilities
     assert sum(saved[True]) == pixels * (8 + 8 + 12 + 1) + rh.numel() + rw.numel()
+
+
+def _saved_numels(fn):
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+@pytest.mark.parametrize("dk", [2, 3, 4, 16, 17, 32])
+def test_auto_recomputes_at_narrow_heads_and_keeps_the_weights_at_wide_ones(dk):
+    """``impl="auto"`` on CPU runs the kernel's recompute mode at heads of up to
+    AUTO_RECOMPUTE_MAX_HEAD_CHANNELS channels (faster there), asked or not; wider heads keep the
+    attention weights unless asked; ``impl="cpp"`` does what ``recompute`` says at any width."""
+    q, k, v, rh, rw = (t.requires_grad_(True) for t in _inputs(9, 11, 5, dk=dk, dv=dk))
+    pixels, k2 = 2 * 9 * 11, 25
+    narrow = dk <= AUTO_RECOMPUTE_MAX_HEAD_CHANNELS
+    auto = _saved_numels(lambda: local_self_attention_2d(q, k, v, rh, rw, 5))
+    stored = _saved_numels(lambda: local_self_attention_2d(q, k, v, rh, rw, 5, impl="cpp"))
+    recomputed = _saved_numels(lambda: local_self_attention_2d(q, k, v, rh, rw, 5, impl="cpp", recompute=True))
+    assert max(stored) >= k2 * pixels  # the probabilities
+    assert sum(recomputed) == pixels * (3 * dk + 1) + rh.numel() + rw.numel()  # q, k, v, lse
+    assert auto == (recomputed if narrow else stored)
+    assert _saved_numels(lambda: local_self_attention_2d(q, k, v, rh, rw, 5, recompute=True)) == recomputed
+
+
+NARROW_CASES = [  # (H, W, kernel_size): odd sizes, maps smaller than the window, rows over a vector
+    (5, 7, 3),
+    (3, 2, 7),
+    (9, 13, 7),
+    (4, 19, 5),
+    (1, 1, 3),
+]
+
+
+@pytest.mark.parametrize("relative", [True, False])
+@pytest.mark.parametrize("dk,dv", [(2, 2), (4, 4), (3, 5)])
+@pytest.mark.parametrize("h,w,ks", NARROW_CASES)
+def test_auto_at_narrow_heads_float64_values_and_every_gradient_match_brute_force(h, w, ks, dk, dv, relative):
+    ins = _float64(2, 3, h, w, dk, dv, ks)
+    if not relative:
+        ins[3] = ins[4] = None
+    g = torch.randn(2, 3, h, w, dv, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    errors = _errors(ins, ks, g, impl="auto")
+    assert len(errors) == (6 if relative else 4)
+    assert max(errors) <= 1e-12, errors
+
+
+@pytest.mark.parametrize("channels,heads", [(8, 4), (8, 2), (12, 3)])  # 2, 4 and 4 channels a head
+@pytest.mark.parametrize("pe", ["relative", "sine2d", "none"])
+def test_narrow_layer_float64_values_and_every_gradient_match_brute_force(channels, heads, pe):
+    """The layer with narrow heads on ``impl="auto"`` (the recompute mode): output, input gradient
+    and every parameter's gradient against the float64 brute-force composition, odd map sizes."""
+    from tests.layers.test_local_attention import _manual_layer
+
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(5, channels, kernel_size=5, num_heads=heads, positional_encoding=pe).double()
+    assert layer.head_channels <= AUTO_RECOMPUTE_MAX_HEAD_CHANNELS
+    x = torch.randn(2, 5, 9, 7, dtype=torch.float64, requires_grad=True)
+    out, ref = layer(x), _manual_layer(layer, x)
+    g = torch.randn_like(out)
+    params = [x, *layer.parameters()]
+    grads = torch.autograd.grad(out, params, g)
+    ref_grads = torch.autograd.grad(ref, params, g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
 
 
 def test_a_wrong_log_sum_exp_is_caught(monkeypatch):

@@ -28,6 +28,10 @@ head) for backward but to recompute them there: less memory in training for more
 kernel ``"cpp"`` does it on request and Triton's kernels always do; ``"auto"`` passes the request
 to the route it takes, and where that route cannot honour it (the neighborhood fallback without
 the C++ kernel, the materialized route of an export, ``"fused"`` on CUDA) it runs as without it.
+At narrow heads (``dk <= AUTO_RECOMPUTE_MAX_HEAD_CHANNELS``) ``"auto"`` takes the C++ kernel's
+recompute mode whether asked or not: there the ``k^2`` attention weights per pixel and head
+(written in forward, read twice in backward) cost more time than recomputing their ``dk``-channel
+logits, so recomputing is both faster and smaller. ``impl="cpp"`` does what ``recompute`` says.
 Naming a route without a recompute mode (``"neighborhood"``, ``"fused"``, ``"materialized"``)
 together with ``recompute=True`` is an error (:func:`check_recompute`).
 
@@ -51,6 +55,7 @@ from .checks import ErrorFactory, argument_error, check_block_size, check_bool, 
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 
 __all__ = [
+    "AUTO_RECOMPUTE_MAX_HEAD_CHANNELS",
     "DEFAULT_BLOCK_SIZE",
     "LOCAL_ATTENTION_BACKENDS",
     "auto_local_attention_impl",
@@ -109,6 +114,13 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
     ),
 })
 __doc__ += LOCAL_ATTENTION_BACKENDS.describe() + "\n"
+
+
+#: Head widths (``dk``, channels per head of ``q``) up to which ``impl="auto"`` runs the C++
+#: kernel in its recompute mode even with ``recompute=False`` (module docstring): faster there.
+#: At 8 heads that is the demo's res2-res4 layers (4, 8, 16 channels a head); ResNet-50's
+#: (32 and wider) keep their attention weights.
+AUTO_RECOMPUTE_MAX_HEAD_CHANNELS = 16
 
 
 def auto_local_attention_impl(q: torch.Tensor, kernel_size: int) -> str:
@@ -206,6 +218,8 @@ def local_self_attention_2d_unchecked(
     it was built and made ``q, k, v`` and the embeddings itself."""
     if impl == AUTO:
         impl = auto_local_attention_impl(q, kernel_size)
+        if impl == "cpp" and q.shape[-1] <= AUTO_RECOMPUTE_MAX_HEAD_CHANNELS:
+            recompute = True  # faster at narrow heads (module docstring)
     route = LOCAL_ATTENTION_BACKENDS[impl]
     options = {}
     if route.blocked:
