@@ -39,7 +39,7 @@ setup(
         "ninja",
     ],
     extras_require={
-        "dev": ["pytest>=7", "onnx>=1.15", "onnxruntime>=1.17", "ruff>=0.5"],
+        "dev": ["pytest>=7", "pytest-xdist>=3", "onnx>=1.15", "onnxruntime>=1.17", "ruff>=0.5"],
         # tools/export_model.py: ONNX files and running them (TorchScript needs nothing extra)
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],
     },

@@ -6,6 +6,7 @@ checks). The checkout and ``tools/`` are on the test path (``pythonpath = . tool
 pytest.ini): shared test code comes from ``tests.helpers``, the tools' from ``aadet_tools``, and a
 test loads a tool's module with ``tests.helpers.load_tool("visualize_detections")``.
 """
+import json
 import os
 import shutil
 
@@ -14,6 +15,7 @@ import pytest
 from aadet.data import register_trees
 from aadet_tools import prepare_trees as demo_trees
 from aadet_tools.prepare_trees import WHEEL_NAME
+from aadet_tools.gpu_report import TEST_PROGRESS_ENV
 
 from tests.helpers import REPO
 
@@ -134,3 +136,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
+
+
+# ----------------------------------------------------------------------------- progress record
+# With $AADET_TEST_PROGRESS (gpu_report.TEST_PROGRESS_ENV) naming a file, one JSON line per
+# finished test (and one with the number collected) as the run goes: a run cut off at a timeout
+# (a lent GPU machine's stage budget) still says what passed, what failed and how long each test
+# took, where the junit XML is only written at the end. tools/gpu_check.py sets and reads it.
+def _progress(record: dict) -> None:
+    path = os.environ.get(TEST_PROGRESS_ENV)
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist the controller writes
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_collection_finish(session):
+    if session.items:  # an xdist controller collects nothing itself: the hook below counts
+        _progress({"collected": len(session.items)})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if node.gateway.id == "gw0":
+        _progress({"collected": len(ids)})
+
+
+def pytest_runtest_logreport(report):
+    # a test's result: its call phase, or a setup that failed or skipped, or a failed teardown
+    if report.when == "call" or report.outcome != "passed":
+        _progress({"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+                   "duration_s": round(report.duration, 3)})

@@ -37,7 +37,10 @@ drifts with it: ``--interleave`` keeps every config's process alive and lets the
 iteration by iteration (the train-time ratio is the median of each iteration over the baseline's
 of the same turn), ``--rounds N`` measures every case N times round-robin (the median of the
 rounds' medians); either reports the ratio's spread. Writes JSON
-(``--output-json``) and a markdown table (``--output-md``, or stdout; rendered by
+(``--output-json``; without ``--interleave`` or ``--rounds`` it is also written after every case,
+marked ``"partial": true`` until the run ends, so a run cut off at a time limit keeps the cases
+it finished; each case records its build time and each phase's wall time, warm-up included, as
+the progress lines on stderr do) and a markdown table (``--output-md``, or stdout; rendered by
 ``tools/aadet_tools/benchmark_tables.py``); timing and report helpers: ``tools/aadet_tools/timing.py``
 and ``tools/aadet_tools/report.py``, shared with ``tools/benchmark_layers.py``.
 """
@@ -46,6 +49,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 import warnings
 from typing import List
 
@@ -59,6 +63,7 @@ from aadet_tools.benchmark_tables import render_model_table  # noqa: E402
 from aadet_tools.report import (  # noqa: E402
     index_results,
     ratios,
+    write_json,
     write_report,
 )
 from aadet_tools.timing import (  # noqa: E402
@@ -140,6 +145,11 @@ def build_parser():
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the synthetic batch and the weights"
     )
+    p.add_argument(
+        "--case-timeout", type=float, default=None, metavar="SECONDS",
+        help="stop a case (one config in one precision) after this long and report it as failed, "
+             "so one slow case leaves time for the others (default: no limit; not with --interleave)",
+    )
     p.add_argument("--output-json", metavar="FILE", help="write all results as JSON")
     p.add_argument(
         "--output-md", metavar="FILE", help="write the markdown table here (default: stdout)"
@@ -170,7 +180,9 @@ def run_case(spec: dict) -> dict:
         torch.backends.cudnn.benchmark = True
     cfg = load_config(spec["config"], ["MODEL.DEVICE", str(device), *spec["opts"]])
     torch.manual_seed(spec["seed"])
+    start = time.monotonic()
     model = build_model(cfg).to(device)
+    build_s = time.monotonic() - start
     data = torch.load(spec["batch_file"])
     num_classes = cfg.MODEL.RETINANET.NUM_CLASSES
     amp, amp_dtype = spec["amp"], spec["amp_dtype"]
@@ -181,7 +193,9 @@ def run_case(spec: dict) -> dict:
         "amp_dtype": amp_dtype,
         "params": count_parameters(model),
         "env": environment_info(device),
+        "build_s": round(build_s, 2),
     }
+    # wall_s of a phase: its warm-up and timed calls (on CUDA the warm-up compiles the kernels)
 
     if not spec["no_inference"]:
         inputs = detectron2_inputs(data, num_classes, with_instances=False)
@@ -191,14 +205,18 @@ def run_case(spec: dict) -> dict:
             with torch.no_grad(), autocast(device, amp_dtype, amp):
                 model(inputs)
 
+        start = time.monotonic()
         m = measure(infer, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
-        result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs))
+        result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs),
+                                   wall_s=round(time.monotonic() - start, 2))
 
     if not spec["no_train"]:
         step = TrainingStep(model, detectron2_inputs(data, num_classes, with_instances=True),
                             amp_dtype=amp_dtype if amp else None)
+        start = time.monotonic()
         m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
-        result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"])
+        result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"],
+                               wall_s=round(time.monotonic() - start, 2))
     return result
 
 
@@ -309,9 +327,28 @@ def main(argv=None) -> int:
 
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
+    if args.case_timeout is not None and (args.case_timeout <= 0 or args.interleave):
+        raise SystemExit(f"--case-timeout must be > 0 and without --interleave; got {args.case_timeout}")
     if args.interleave and args.rounds > 1:
         raise SystemExit("give --interleave or --rounds N, not both (two ways to say how the "
                          "ratio spreads)")
+
+    def make_report(results, partial=False):
+        report = {
+            "device": str(device),
+            "size": [h, w],
+            "batch": args.batch,
+            "warmup": warmup,
+            "iters": iters,
+            "rounds": args.rounds,
+            "interleave": args.interleave,
+            "amp_dtype": amp_dtype if True in amps else None,
+            "baseline": baseline,
+            "opts": list(args.opts),
+            "env": environment_info(device),
+            "results": results,
+        }
+        return dict(report, partial=True) if partial else report
 
     rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_bench_") as tmp:
@@ -347,7 +384,15 @@ def main(argv=None) -> int:
                     rs = []
                     for spec in specs:
                         print(f"[benchmark] {spec['config']}{tag} ...", file=sys.stderr, flush=True)
-                        rs.append(run_case_in_subprocess(__file__, spec, tmp))
+                        start = time.monotonic()
+                        rs.append(run_case_in_subprocess(__file__, spec, tmp, timeout=args.case_timeout))
+                        print(f"[benchmark]   {describe_case(rs[-1], time.monotonic() - start)}",
+                              file=sys.stderr, flush=True)
+                        if args.output_json and args.rounds == 1:
+                            # the cases so far, so a run cut off (a time limit) keeps them
+                            done = results + [dict(r, config=sp["config"], amp=amp, amp_dtype=amp_dtype)
+                                              if "error" in r else r for sp, r in zip(specs, rs)]
+                            write_json(args.output_json, make_report(add_ratios(done, baseline), partial=True))
                 for config, r in zip(args.configs, rs):
                     if "error" in r:
                         r.update(config=config, amp=amp, amp_dtype=amp_dtype)
@@ -356,21 +401,18 @@ def main(argv=None) -> int:
     results = add_ratios(merge_rounds(rounds), baseline)
     if args.interleave:
         add_paired_spread(results, baseline)
-    report = {
-        "device": str(device),
-        "size": [h, w],
-        "batch": args.batch,
-        "warmup": warmup,
-        "iters": iters,
-        "rounds": args.rounds,
-        "interleave": args.interleave,
-        "amp_dtype": amp_dtype if True in amps else None,
-        "baseline": baseline,
-        "opts": list(args.opts),
-        "env": environment_info(device),
-        "results": results,
-    }
+    report = make_report(results)
     return write_report(report, render_model_table(report), args.output_json, args.output_md)
+
+
+def describe_case(result: dict, seconds: float) -> str:
+    """One progress line for a finished case: its wall time and where it went."""
+    if "error" in result:
+        return f"failed after {seconds:.0f} s: {result['error']}"
+    parts = [f"build {result['build_s']:.0f} s"] + [
+        f"{phase} {result[phase]['wall_s']:.0f} s (median {result[phase]['median_s'] * 1e3:.0f} ms)"
+        for phase in ("inference", "train") if phase in result]
+    return f"done in {seconds:.0f} s: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ Stages, in order (``tools/aadet_tools/gpu_report.py`` names them; each has a tim
 
 1. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
    under bf16 / fp16 autocast against the float64 brute force on the GPU, and the ``cuda`` cases
-   of the other test files, the compiled Triton kernels among them); its junit XML is parsed
-   into the report. The stage passes only if CUDA tests ran and all passed: a skipped CUDA test
-   fails it (the report lists each skip and its reason). Every test that needs CUDA carries the
-   ``cuda`` marker (``tests/tools/test_gpu_check.py`` checks it), so ``-m cuda`` selects them all.
+   of the other test files, the compiled Triton kernels among them), in ``--test-workers``
+   pytest-xdist processes; its junit XML is parsed into the report, or where the run was cut
+   off, its progress record (``tests/conftest.py``: what finished, the slowest tests). The stage
+   passes only if CUDA tests ran and all passed: a skipped CUDA test fails it (the report lists
+   each skip and its reason). Every test that needs CUDA carries the ``cuda`` marker
+   (``tests/tools/test_gpu_check.py`` checks it), so ``-m cuda`` selects them all.
 2. ``configs``: every config under ``configs/`` built on the device and trained ``--iters``
    iterations in fp32 and in bf16 autocast on a synthetic batch (``--size``, ``--batch``), with
    the config's optimizer and LR schedule: every loss and gradient finite, peak memory recorded.
@@ -68,6 +70,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -127,14 +130,25 @@ def checkout_commit() -> dict:
 
 
 def _run(cmd, timeout, log_path=None, env=None):
-    """``subprocess.run`` with a timeout; returns ``(returncode or "timeout", output tail)``."""
+    """Run ``cmd`` with a timeout; returns ``(returncode or "timeout", output tail)``.
+
+    stdout and stderr go to one stream, unbuffered (``PYTHONUNBUFFERED=1``), so a command cut off
+    at its timeout still leaves every line it printed (progress lines are how a timed-out stage
+    says where its time went). The command runs in its own process group, and on timeout the
+    whole group is killed: a benchmark's worker processes must not go on holding the GPU while
+    the next command runs."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+                            start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(1.0, timeout),
-                           env=dict(os.environ, **(env or {})))
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        out, rc = out + f"\n[gpu_check] timed out after {timeout:.0f} s: {' '.join(cmd)}", "timeout"
+        out, _ = proc.communicate(timeout=max(1.0, timeout))
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = "timeout"
+        out += f"\n[gpu_check] timed out after {timeout:.0f} s: {' '.join(cmd)}".encode()
+    out = out.decode(errors="replace")
     if log_path:
         with open(log_path, "w") as f:
             f.write(out)
@@ -155,18 +169,40 @@ class Budget:
 
 
 # ----------------------------------------------------------------------------- stage: tests
+def test_workers(requested: int) -> int:
+    """pytest-xdist worker processes for the tests stage: ``requested``, or 0 (one process) where
+    xdist is not installed. The processes share the GPU and do the tests' CPU side (Triton's
+    kernel compilation, building inputs and references) in parallel."""
+    if requested <= 0:
+        return 0
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        print("[gpu_check] tests: pytest-xdist is not installed: one process", file=sys.stderr, flush=True)
+        return 0
+    return requested
+
+
 def stage_tests(args, budget: Budget) -> dict:
     junit = os.path.join(args.work_dir, "junit_cuda.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", f"--junitxml={junit}",
+    progress = os.path.join(args.work_dir, "pytest_progress.jsonl")
+    workers = test_workers(args.test_workers)
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "--durations=20", *(["-n", str(workers)] if workers else []),
            *(["-x"] if args.quick else []), "tests"]
-    if os.path.isfile(junit):
-        os.remove(junit)  # never read a junit XML of an earlier run
-    rc, tail = _run(cmd, budget.left(), os.path.join(args.work_dir, "pytest_cuda.log"))
-    j = None
+    for stale in (junit, progress):
+        if os.path.isfile(stale):
+            os.remove(stale)  # never read the record of an earlier run
+    rc, tail = _run(cmd, budget.left(), os.path.join(args.work_dir, "pytest_cuda.log"),
+                    env={gpu_report.TEST_PROGRESS_ENV: progress})
+    j = p = None
     if os.path.isfile(junit):
         with open(junit) as f:
             j = gpu_report.parse_junit(f.read())
-    out = dict(gpu_report.tests_stage_result(j, rc), exit=rc, junit=j)
+    if os.path.isfile(progress):
+        with open(progress) as f:
+            p = gpu_report.parse_test_progress(f.read())
+    out = dict(gpu_report.tests_stage_result(j, rc, p), exit=rc, junit=j, progress=p, workers=workers)
     if out["status"] != "ok":
         out["log_tail"] = tail
     return out
@@ -379,18 +415,23 @@ def stage_benchmarks(args, budget: Budget) -> dict:
            "--iters", str(s["iters"]), "--output-json", cfg_json, "--output-md", cfg_json[:-5] + ".md",
            "--amp", "both" if len(amp_modes) == 2 else "on" if amp else "off"]
     cmd += ["--amp-dtype", amp_dtype] if amp else []
-    print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     layer_budget = 0.3 * budget.left()  # kept from benchmark.py for the layer runs below
+    # one slow case (compiling its kernels, say) must leave time for the others: at most a
+    # quarter of benchmark.py's budget each, the baseline and AA first (--configs order, fp32 first)
+    cmd += ["--case-timeout", f"{0.25 * (budget.left() - layer_budget):.0f}"]
+    print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     for stale in glob.glob(os.path.join(args.work_dir, "bench_*.json")):
         os.remove(stale)  # never read a benchmark JSON of an earlier run
     rc, tail = _run([sys.executable, *cmd], budget.left() - layer_budget,
                     os.path.join(args.work_dir, "bench_configs.log"))
     config_reports = []
-    if rc == 0 and os.path.isfile(cfg_json):
+    if os.path.isfile(cfg_json):  # complete, or the cases finished before a timeout ("partial")
         with open(cfg_json) as f:
             config_reports.append(json.load(f))
-    else:
-        errors.append(f"tools/benchmark.py exit {rc}: {tail.strip()[-300:]}")
+    if rc != 0 or not config_reports:
+        partial = config_reports and config_reports[0].get("partial")
+        done = f" after {len(config_reports[0]['results'])} finished case(s)" if partial else ""
+        errors.append(f"tools/benchmark.py exit {rc}{done}: {tail.strip()[-300:]}")
     layer_reports = []
     # SASA's layer (the layer targets) first; the suites without a target get what is left.
     for suite in ("sasa", *gpu_report.INFORMATIONAL_LAYER_SUITES):
@@ -474,6 +515,9 @@ def build_parser():
                    help="merge stage files of another commit than HEAD too (marked stale in the report)")
     p.add_argument("--budget", nargs="+", metavar="STAGE=SECONDS",
                    help=f"time budget per stage (default {DEFAULT_BUDGET_S})")
+    p.add_argument("--test-workers", type=int, default=8,
+                   help="tests stage: pytest-xdist processes sharing the GPU (0: one process; "
+                        "one process too where pytest-xdist is not installed)")
     p.add_argument("--configs", nargs="+", metavar="FILE", help="configs stage: these configs (default: all)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(gpu_report.PRECISIONS),
                    help="configs stage: precisions (default fp32 bf16)")

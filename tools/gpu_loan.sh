@@ -122,13 +122,14 @@ run_stages() {
   if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi
   left=$(( ${AADET_LOAN_SECONDS:-540} - SECONDS - finish ))
   [ "$left" -gt 60 ] || { echo "[gpu_loan] only $left s left after the install" >&2; exit 1; }
-  # tests (pytest -m cuda) 45 % and benchmarks the rest; configs and demo half each
-  case "$mode" in first) budget_a=$((left * 45 / 100)) ;; second) budget_a=$((left * 50 / 100)) ;; esac
+  # tests (pytest -m cuda, 8 processes) 35 % and benchmarks the rest; configs and demo half each
+  case "$mode" in first) budget_a=$((left * 35 / 100)) ;; second) budget_a=$((left * 50 / 100)) ;; esac
   budget_b=$((left - budget_a - 5))
   log "gpu_check: ${stages[0]} ${budget_a} s, ${stages[1]} ${budget_b} s"
   local args=(--stages "${stages[@]}" --budget "${stages[0]}=$budget_a" "${stages[1]}=$budget_b"
               --out "$out" --work-dir output/gpu_check_work --bench-json "$out/benchmarks_cuda.json")
   [ "$mode" = second ] && args+=(--wheelhouse "$WHL")
+  mkdir -p output
   timeout $((left + 15)) "$PY" tools/gpu_check.py "${args[@]}" 2> >(tee output/gpu_check_stderr.log >&2) || rc=$?
   if [ "$dry" = 1 ]; then
     if grep -q "needs a CUDA machine" output/gpu_check_stderr.log; then

@@ -433,3 +433,32 @@ def test_benchmark_runs_tiny_config_on_cpu(tmp_path):
     assert r["inference"]["median_s"] > 0 and r["train"]["peak_bytes"] >= 0
     assert r["ratios"]["train_time"] == pytest.approx(1.0)  # the baseline against itself
     assert "| `trees_R_26_slim_FPN` |" in out_md.read_text()
+
+
+def test_benchmark_writes_the_cases_finished_so_far_after_each_case(tmp_path, monkeypatch, capsys):
+    """A run cut off at a time limit (a lent GPU machine's stage budget) keeps the cases it
+    finished: the JSON is written after each case, marked partial until the run ends, and each
+    case's progress line says where its time went."""
+    benchmark = load_tool("benchmark")
+    configs = [os.path.join(REPO, "configs/Demo", n)
+               for n in ("trees_R_26_slim_FPN.yaml", "trees_AA_R_26_slim_FPN.yaml")]
+    out = tmp_path / "bench.json"
+    seen, timeouts = [], []
+
+    def fake_case(script, spec, tmp, timeout=None):
+        seen.append(json.loads(out.read_text()) if out.exists() else None)
+        timeouts.append(timeout)
+        phase = dict(median_s=0.5, cpu_median_s=0.5, peak_bytes=1, wall_s=9.0)
+        return dict(config=spec["config"], amp=spec["amp"], params=1, env={}, build_s=2.0,
+                    train=dict(phase, images_per_s=2.0))
+
+    monkeypatch.setattr(benchmark, "run_case_in_subprocess", fake_case)
+    benchmark.main(["--configs", *configs, "--size", "64", "--batch", "1", "--no-inference", "--case-timeout", "30",
+                    "--output-json", str(out), "--output-md", str(tmp_path / "bench.md")])
+    assert timeouts == [30.0, 30.0]  # each case stopped after --case-timeout
+    assert seen[0] is None  # nothing before the first case
+    assert seen[1]["partial"] is True and [r["config"] for r in seen[1]["results"]] == configs[:1]
+    final = json.loads(out.read_text())
+    assert "partial" not in final and len(final["results"]) == 2
+    assert "done in" in capsys.readouterr().err and "build 2 s, train 9 s (median 500 ms)" in benchmark.describe_case(
+        final["results"][1], 12.0)

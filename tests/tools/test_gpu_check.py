@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -765,6 +766,7 @@ def test_the_benchmark_record_comes_only_from_a_complete_run_at_the_targets_prot
     result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
     bench_cmd = next(c for c in calls if c[1].endswith("benchmark.py") and "--help" not in c)
     assert bench_cmd[bench_cmd.index("--size") + 1] == "640" and bench_cmd[bench_cmd.index("--batch") + 1] == "8"
+    assert 0 < float(bench_cmd[bench_cmd.index("--case-timeout") + 1]) < 600  # one slow case cannot take all
     if case == "complete":
         assert result["status"] == "ok"
         written = json.loads(record.read_text())
@@ -858,3 +860,112 @@ def test_halo_rows_do_not_stand_in_for_a_missing_sasa_layer():
     broken["results"] = [dict(r, error="CUDA out of memory") if r["impl"] != "conv3x3" else r
                          for r in broken["results"]]
     assert gr.informational_missing(gr.layer_rows(broken)) == ["halo fp32", "halo bf16"]
+
+
+# ----------------------------------------------------------------------------- a stage cut off at its budget
+def test_a_command_cut_off_keeps_what_it_printed_and_leaves_no_process_behind(gpu_check, tmp_path):
+    # a benchmark whose worker holds the GPU: the worker must die with it, and the progress
+    # printed before the timeout (stderr and buffered stdout) must reach the log
+    pid_file = tmp_path / "worker.pid"
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(pid_file)!r}, "w").write(str(worker.pid))
+        print("case 1 done", file=sys.stderr)
+        print("progress on stdout")
+        time.sleep(60)
+    """)
+    log = tmp_path / "log.txt"
+    rc, tail = gpu_check._run([sys.executable, "-c", script], timeout=3, log_path=str(log))
+    assert rc == "timeout"
+    assert "case 1 done" in tail and "progress on stdout" in tail and "timed out after 3 s" in log.read_text()
+    worker = int(pid_file.read_text())
+    time.sleep(0.2)
+    state = open(f"/proc/{worker}/stat").read().split()[2] if os.path.exists(f"/proc/{worker}") else "gone"
+    assert state in ("gone", "Z"), f"the worker {worker} outlived the timeout (state {state})"
+
+
+def _progress_lines(*records):
+    return "\n".join(json.dumps(r) for r in records) + "\n"
+
+
+def test_test_progress_counts_what_finished_before_a_timeout():
+    text = _progress_lines(
+        {"collected": 5},
+        {"test": "t::a", "when": "call", "outcome": "passed", "duration_s": 4.0},
+        {"test": "t::b", "when": "call", "outcome": "passed", "duration_s": 1.0},
+        {"test": "t::b", "when": "teardown", "outcome": "failed", "duration_s": 0.5},  # a failed teardown fails b
+        {"test": "t::c", "when": "setup", "outcome": "skipped", "duration_s": 0.0},
+    )
+    p = gr.parse_test_progress(text)
+    assert (p["collected"], p["finished"], p["passed"], p["failed"], p["skipped"]) == (5, 3, 1, 1, 1)
+    assert p["failures"] == ["t::b"] and p["slowest"][:2] == [["t::a", 4.0], ["t::b", 1.5]]
+    out = gr.tests_stage_result(None, "timeout", p)
+    assert out["status"] == "failed"  # what finished is said, never counted as a pass
+    assert out["error"].startswith("pytest wrote no junit XML (exit timeout); before it stopped: "
+                                   "3 finished of 5 collected: 1 passed, 1 failed, 1 skipped")
+    assert "failed: t::b" in out["error"] and "slowest: t::a 4 s" in out["error"]
+
+
+def test_tests_stage_runs_pytest_in_parallel_and_reads_the_progress_of_a_run_cut_off(gpu_check, tmp_path,
+                                                                                    monkeypatch):
+    ran = []
+
+    def fake_run(cmd, timeout, log_path=None, env=None):  # pytest cut off: progress, no junit XML
+        ran.append(cmd)
+        with open(env[gr.TEST_PROGRESS_ENV], "w") as f:
+            f.write(_progress_lines({"collected": 238},
+                                    {"test": "t::a", "when": "call", "outcome": "passed", "duration_s": 2.0}))
+        return "timeout", "[gpu_check] timed out"
+
+    monkeypatch.setattr(gpu_check, "_run", fake_run)
+    args = gpu_check.build_parser().parse_args(["--work-dir", str(tmp_path)])
+    out = gpu_check.stage_tests(args, gpu_check.Budget(60))
+    assert ran[0][ran[0].index("-n") + 1] == str(args.test_workers) == "8"
+    assert out["status"] == "failed" and out["progress"]["passed"] == 1
+    assert "before it stopped: 1 finished of 238 collected: 1 passed, 0 failed" in out["error"]
+    args = gpu_check.build_parser().parse_args(["--work-dir", str(tmp_path), "--test-workers", "0"])
+    gpu_check.stage_tests(args, gpu_check.Budget(60))
+    assert "-n" not in ran[1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_progress_record_has_one_line_per_test_with_or_without_xdist(tmp_path, workers):
+    record = tmp_path / "progress.jsonl"
+    tests = "tests/tools/test_gpu_check.py::test_test_progress_counts_what_finished_before_a_timeout"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests,
+           "tests/tools/test_gpu_check.py::test_parse_junit_counts_and_messages"]
+    cmd += ["-n", str(workers)] if workers else []
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **{gr.TEST_PROGRESS_ENV: str(record)}))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    progress = gr.parse_test_progress(record.read_text())
+    assert (progress["collected"], progress["finished"], progress["passed"]) == (2, 2, 2)
+    assert len(record.read_text().splitlines()) == 3  # no line twice (xdist's workers do not write)
+
+
+def test_a_benchmark_cut_off_reports_the_cases_it_finished_as_scratch(gpu_check, tmp_path, monkeypatch):
+    calls = []
+    complete = _fake_benchmark_tools(calls)
+
+    def run(cmd, timeout, log_path=None, env=None):
+        rc, out = complete(cmd, timeout, log_path, env)
+        if cmd[1].endswith("benchmark.py"):  # cut off after the conv and AA fp32 cases
+            path = cmd[cmd.index("--output-json") + 1]
+            with open(path) as f:
+                rep = json.load(f)
+            with open(path, "w") as f:
+                json.dump(dict(rep, results=rep["results"][:2], partial=True), f)
+            return "timeout", "[benchmark] configs/COCO-Detection/sasa_convstem... amp=off ..."
+        return rc, out
+
+    monkeypatch.setattr(gpu_check, "_run", run)
+    args, record = _bench_args(gpu_check, tmp_path)
+    result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
+    assert result["status"] == "failed" and not record.exists()
+    assert "tools/benchmark.py exit timeout after 2 finished case(s)" in result["error"]
+    scratch = _scratch(tmp_path)
+    aa_train = _one(scratch["targets"], subject=gr.config_name(AA), metric="train_ms_ratio", precision="fp32")
+    assert aa_train["value"] == pytest.approx(1.05)  # the finished cases' numbers are kept
+    sasa = [t for t in scratch["targets"] if t["subject"] == gr.config_name(SASA)]
+    assert sasa and all(t["status"] == "missing" for t in sasa)

@@ -44,6 +44,7 @@ checked-out clean commit, and pass: :func:`stage_problems`) and ``targets`` (wer
 targets met: :func:`targets_verdict`). A stage can pass while targets are missed.
 """
 
+import json
 import os
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -577,8 +578,54 @@ def parse_junit(xml_text: str) -> dict:
     return out
 
 
-def tests_stage_result(junit: Optional[dict], exit_code) -> dict:
-    """Verdict of the ``tests`` stage (``pytest -m cuda``) from its parsed junit XML and exit code.
+#: Environment variable naming the progress record of a pytest run (``tests/conftest.py`` writes
+#: it as the run goes: one JSON line per finished test, one with the number collected).
+TEST_PROGRESS_ENV = "AADET_TEST_PROGRESS"
+
+
+def parse_test_progress(text: str, slowest: int = 10) -> dict:
+    """What a pytest run got through, from its progress record (:data:`TEST_PROGRESS_ENV`), also
+    when the run was cut off before its junit XML was written.
+
+    Returns:
+        ``{"collected": int | None, "finished": int, "passed", "failed", "skipped": int,
+        "time_s": float, "failures": [test ids], "slowest": [[test id, seconds], ...]}``: a test
+        counts as failed if any of its phases failed, its time is the sum of its phases'.
+    """
+    collected, outcome, seconds = None, {}, {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "collected" in rec:
+            collected = rec["collected"]
+            continue
+        test = rec["test"]
+        seconds[test] = seconds.get(test, 0.0) + rec["duration_s"]
+        if outcome.get(test) != "failed":
+            outcome[test] = rec["outcome"]
+    counts = {k: sum(1 for o in outcome.values() if o == k) for k in ("passed", "failed", "skipped")}
+    return dict(collected=collected, finished=len(outcome), **counts, time_s=round(sum(seconds.values()), 1),
+                failures=[t for t, o in outcome.items() if o == "failed"],
+                slowest=[[t, round(s, 1)] for t, s in sorted(seconds.items(), key=lambda x: -x[1])[:slowest]])
+
+
+def describe_test_progress(p: dict) -> str:
+    """One line: how far a pytest run got (:func:`parse_test_progress`)."""
+    of = f" of {p['collected']} collected" if p["collected"] is not None else ""
+    line = (f"{p['finished']} finished{of}: {p['passed']} passed, {p['failed']} failed, "
+            f"{p['skipped']} skipped, {p['time_s']:.0f} s of test time")
+    if p["failures"]:
+        line += "; failed: " + ", ".join(p["failures"][:5])
+    if p["slowest"]:
+        line += "; slowest: " + ", ".join(f"{t} {s:.0f} s" for t, s in p["slowest"][:5])
+    return line
+
+
+def tests_stage_result(junit: Optional[dict], exit_code, progress: Optional[dict] = None) -> dict:
+    """Verdict of the ``tests`` stage (``pytest -m cuda``) from its parsed junit XML and exit code
+    (and, where the run wrote no junit XML, how far its ``progress`` record got: said, never
+    counted as a pass).
 
     ``"ok"`` only when CUDA tests ran and every one of them passed: a failure, an error, a test
     skipped (on the GPU machine a skipped CUDA test is a check that did not happen: missing
@@ -588,7 +635,10 @@ def tests_stage_result(junit: Optional[dict], exit_code) -> dict:
         ``{"status": "ok" | "failed", "error"?: str}``.
     """
     if junit is None:
-        return {"status": "failed", "error": f"pytest wrote no junit XML (exit {exit_code})"}
+        error = f"pytest wrote no junit XML (exit {exit_code})"
+        if progress is not None:
+            error += f"; before it stopped: {describe_test_progress(progress)}"
+        return {"status": "failed", "error": error}
     problems = []
     if junit["failed"] or junit["errors"]:
         problems.append(f"{junit['failed']} failed, {junit['errors']} errors")
