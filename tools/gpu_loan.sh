@@ -4,6 +4,8 @@
 #   bash tools/gpu_loan.sh prepare               # here, where the index is: wheel folder + manifest, size
 #   bash tools/gpu_loan.sh first OUT             # on the lent machine: install, then tests + benchmarks
 #   bash tools/gpu_loan.sh second OUT            # a second call, if time is left: configs + demo
+#   bash tools/gpu_loan.sh only OUT STAGE [STAGE]  # a call for the stages named (one the first
+#                                                # call did not finish, say), sharing the budget
 #   bash tools/gpu_loan.sh dry-run [first|second]  # here: the same in a copy of what is carried, on CPU
 #
 # The machine (requirements/gpu-machine-installed.txt): Python 3.12 with its own CUDA torch, Triton,
@@ -39,7 +41,7 @@ MACHINE_PACKAGES=requirements/gpu-machine-installed.txt
 CARRY_LIMIT=$((64 * 1024 * 1024))
 PYTHON=${PYTHON:-python3}
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 log() { echo "[gpu_loan $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 carried_bytes() {  # the working tree as a call carries it (tracked + untracked, not ignored) + .whl
@@ -113,6 +115,7 @@ run_stages() {
   case "$mode" in
     first) stages=(tests benchmarks) ;;
     second) stages=(configs demo) ;;
+    only) shift 3; stages=("$@") ;;
   esac
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
@@ -122,13 +125,19 @@ run_stages() {
   if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi
   left=$(( ${AADET_LOAN_SECONDS:-540} - SECONDS - finish ))
   [ "$left" -gt 60 ] || { echo "[gpu_loan] only $left s left after the install" >&2; exit 1; }
-  # tests (pytest -m cuda, 8 processes) 35 % and benchmarks the rest; configs and demo half each
-  case "$mode" in first) budget_a=$((left * 35 / 100)) ;; second) budget_a=$((left * 50 / 100)) ;; esac
-  budget_b=$((left - budget_a - 5))
-  log "gpu_check: ${stages[0]} ${budget_a} s, ${stages[1]} ${budget_b} s"
-  local args=(--stages "${stages[@]}" --budget "${stages[0]}=$budget_a" "${stages[1]}=$budget_b"
+  # tests (pytest -m cuda, 8 processes) 35 % and benchmarks the rest; otherwise equal shares
+  local budgets=()
+  if [ "${#stages[@]}" = 1 ]; then
+    budgets=("${stages[0]}=$((left - 5))")
+  else
+    case "$mode" in first) budget_a=$((left * 35 / 100)) ;; *) budget_a=$((left * 50 / 100)) ;; esac
+    budget_b=$((left - budget_a - 5))
+    budgets=("${stages[0]}=$budget_a" "${stages[1]}=$budget_b")
+  fi
+  log "gpu_check: ${budgets[*]} (seconds)"
+  local args=(--stages "${stages[@]}" --budget "${budgets[@]}"
               --out "$out" --work-dir output/gpu_check_work --bench-json "$out/benchmarks_cuda.json")
-  [ "$mode" = second ] && args+=(--wheelhouse "$WHL")
+  [[ " ${stages[*]} " == *" demo "* ]] && args+=(--wheelhouse "$WHL")
   mkdir -p output
   timeout $((left + 15)) "$PY" tools/gpu_check.py "${args[@]}" 2> >(tee output/gpu_check_stderr.log >&2) || rc=$?
   if [ "$dry" = 1 ]; then
@@ -163,6 +172,12 @@ case "$1" in
     [ $# -ge 2 ] || { echo "[gpu_loan] $1 needs OUT, the output folder (on the device: \$OUT)" >&2; exit 2; }
     DRY=0; [ "${3:-}" = --dry-run ] && DRY=1
     run_stages "$1" "$2" "$DRY" ;;
+  only)
+    [ $# -ge 3 ] && [ $# -le 4 ] || { echo "[gpu_loan] only needs OUT and one or two stages" >&2; exit 2; }
+    for st in "${@:3}"; do
+      case "$st" in tests|configs|demo|benchmarks) ;; *) echo "[gpu_loan] unknown stage $st (tests, configs, demo, benchmarks)" >&2; exit 2 ;; esac
+    done
+    run_stages only "$2" 0 "${@:3}" ;;
   dry-run) dry_run_copy "${2:-first}" ;;
   *) echo "[gpu_loan] unknown mode $1 (prepare, first OUT, second OUT, dry-run)" >&2; exit 2 ;;
 esac
