@@ -36,6 +36,8 @@ def main(argv=None):
     p.add_argument("--runs-dir", metavar="DIR", help="also keep each run's JSON here (<run>_cpu.json)")
     args = p.parse_args(argv)
 
+    # the code measured: taken before the runs, whose own JSON files (--runs-dir) change the tree
+    checkout = git_commit(REPO)
     reports, commands = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in CPU_RUNS:
@@ -51,7 +53,7 @@ def main(argv=None):
             subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
             with open(out) as f:
                 reports[name] = json.load(f)
-    bench = dict(benchmarks_cpu(reports, commands), **git_commit(REPO))  # + commit, dirty
+    bench = dict(benchmarks_cpu(reports, commands), **checkout)  # + commit, dirty
     print(render_cpu_markdown(bench))
     if args.output_json:
         write_json(args.output_json, bench)

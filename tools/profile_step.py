@@ -140,6 +140,7 @@ def main(argv=None) -> int:
         p.error("--size >= 32, --batch >= 1, --iters >= 1 and --warmup >= 0")
     torch.set_num_threads(args.threads)
     data = make_batch(args.batch, args.size, args.size, args.seed)
+    checkout = git_commit(REPO)  # the code measured, before the report changes the tree
     results = []
     for config in args.configs:
         r = profile_config(config, args.opts, data, warmup=args.warmup, iters=args.iters,
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "machine": machine_description(),
-        **git_commit(REPO),
+        **checkout,
         "results": results,
     }
     if args.output_json:
