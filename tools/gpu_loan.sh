@@ -101,7 +101,7 @@ dry_run_checks() {  # what can fail before the first CUDA call, tried on CPU
     && { echo "[gpu_loan] a CPU dry run must exit 1" >&2; return 1; }
   grep -q '"status": "ok"' output/loan_dry/cpu/stage_configs.json \
     || { echo "[gpu_loan] the configs worker failed on CPU:" >&2; head -c 3000 output/loan_dry/cpu/stage_configs.json >&2; return 1; }
-  log "dry run: collect the CUDA tests in 2 pytest-xdist processes (the machine has pytest-xdist)"
+  log "dry run: collect the CUDA tests with -n 2 (the tests stage needs pytest-xdist, which the machine has)"
   "$PY" -m pytest -q -p no:cacheprovider --collect-only -m cuda -n 2 tests | tail -2
   "$PY" tools/benchmark.py --help > /dev/null && "$PY" tools/benchmark_layers.py --help > /dev/null
   if [ "$mode" = second ]; then
