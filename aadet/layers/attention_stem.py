@@ -279,25 +279,34 @@ class SpatiallyAwareAttentionStem(nn.Module):
             return block_attention_probs(q, k, self.rel_h, self.rel_w, s, mask)
 
     def _attend_factorized(self, xb: torch.Tensor, mask) -> torch.Tensor:
-        """``xb [N, P, in]`` -> ``[N, P, out]``, factorized through the input (see :meth:`forward`)."""
+        """``xb [N, P, in]`` -> ``[N, P, out]``, factorized through the input (see :meth:`forward`).
+
+        Every product with a weight is one matrix product over all ``N * P`` pixels (the heads
+        stacked along its columns, or a batch of ``Nh``), never a batch of ``N`` products with
+        a broadcast weight: those copy the weight per block and, in backward, write a weight
+        gradient per block before summing them."""
         n, p, cin = xb.shape
         nh, d = self.num_heads, self.head_channels
         wq, wk, w_v = self._head_weights(xb.dtype)
-        x4 = xb[:, None]  # [N, 1, P, in]
+        x2 = xb.reshape(n * p, cin)  # [N*P, in]
+
+        def per_head(w):  # [Nh, in, t] -> x_i^T w per pixel and head, [N, Nh, P, t]
+            t = w.shape[-1]
+            return torch.mm(x2, w.permute(1, 0, 2).reshape(cin, nh * t)).view(n, p, nh, t).transpose(1, 2)
+
         qk = torch.matmul(wq.transpose(1, 2), wk)  # [Nh, in, in]: W_Q^T W_K per head
-        logits = torch.matmul(torch.matmul(x4, qk), x4.transpose(-1, -2))  # [N, Nh, P, P]
+        logits = torch.matmul(per_head(qk), xb.transpose(1, 2)[:, None])  # [N, Nh, P, P]
         if self.rel_h is not None:
             dr = d // 2
             row_w = torch.matmul(wq[:, :dr].transpose(1, 2), self.rel_h.to(xb.dtype).t())  # [Nh, in, 2b-1]
             col_w = torch.matmul(wq[:, dr:].transpose(1, 2), self.rel_w.to(xb.dtype).t())
-            logits = add_block_relative_logits(
-                logits, torch.matmul(x4, row_w), torch.matmul(x4, col_w), self.block_size
-            )
+            logits = add_block_relative_logits(logits, per_head(row_w), per_head(col_w), self.block_size)
         probs = block_softmax(logits, mask)  # [N, Nh, P, P]
         w_v = w_v.view(p, nh, d, cin).permute(1, 0, 3, 2).reshape(nh, p * cin, d)  # [Nh, P * in, d]
-        weighted = probs[..., None] * x4[:, :, None]  # [N, Nh, P, P, in]: p_ij x_j
-        out = torch.matmul(weighted.flatten(-2), w_v)  # [N, Nh, P, d]
-        return out.transpose(1, 2).reshape(n, p, self.out_channels)
+        weighted = probs[..., None] * xb[:, None, None]  # [N, Nh, P, P, in]: p_ij x_j
+        weighted = weighted.transpose(0, 1).reshape(nh, n * p, p * cin)  # a view for one head
+        out = torch.bmm(weighted, w_v)  # [Nh, N*P, d]
+        return out.view(nh, n, p, d).permute(1, 2, 0, 3).reshape(n, p, self.out_channels)
 
     #: The :meth:`flop_count` components that are the attention itself: all of them (the stem
     #: applies its ``query``/``key`` weights directly, not as child convolutions), i.e. what
