@@ -390,8 +390,10 @@ def main(argv=None) -> int:
                               file=sys.stderr, flush=True)
                         if args.output_json and args.rounds == 1:
                             # the cases so far, so a run cut off (a time limit) keeps them
-                            done = results + [dict(r, config=sp["config"], amp=amp, amp_dtype=amp_dtype)
-                                              if "error" in r else r for sp, r in zip(specs, rs)]
+                            for sp, r in zip(specs, rs):
+                                if "error" in r:  # named as below, so the partial report shows it
+                                    r.update(config=sp["config"], amp=amp, amp_dtype=amp_dtype)
+                            done = results + rs
                             write_json(args.output_json, make_report(add_ratios(done, baseline), partial=True))
                 for config, r in zip(args.configs, rs):
                     if "error" in r:

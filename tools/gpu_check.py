@@ -418,7 +418,7 @@ def stage_benchmarks(args, budget: Budget) -> dict:
     layer_budget = 0.3 * budget.left()  # kept from benchmark.py for the layer runs below
     # one slow case (compiling its kernels, say) must leave time for the others: at most a
     # quarter of benchmark.py's budget each, the baseline and AA first (--configs order, fp32 first)
-    cmd += ["--case-timeout", f"{0.25 * (budget.left() - layer_budget):.0f}"]
+    cmd += ["--case-timeout", f"{max(1.0, 0.25 * (budget.left() - layer_budget)):.0f}"]
     print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     for stale in glob.glob(os.path.join(args.work_dir, "bench_*.json")):
         os.remove(stale)  # never read a benchmark JSON of an earlier run
