@@ -1,5 +1,5 @@
 """Plain ``nn.Module`` layers (usable without Detectron2) and their functional cores."""
-from .attention_stem import SpatiallyAwareAttentionStem  # noqa: F401
+from .attention_stem import STEM_IMPLS, SpatiallyAwareAttentionStem  # noqa: F401
 from .augmented_conv import AugmentedConv2d  # noqa: F401
 from .augmented_conv import POSITIONAL_ENCODINGS as AA_POSITIONAL_ENCODINGS  # noqa: F401
 from .halo_attention import HaloSelfAttention2d  # noqa: F401

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional.backends.stem_cpp import cpp_stem_attention
 from .functional.blocks import (
     add_block_relative_logits,
     block_attention_unchecked,
@@ -38,11 +39,19 @@ from .functional.blocks import (
     map_to_blocks,
 )
 from .functional.checks import check_num_heads, check_one_of, check_positive_int
+from .functional.dispatch import is_exporting
 
-__all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS"]
+__all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS", "STEM_IMPLS", "STEM_EXPORTABLE_IMPLS"]
 
 #: The stem's ``positional_encoding`` values: relative logits inside the block, or none.
 POSITIONAL_ENCODINGS = ("relative", "none")
+#: The stem's ``impl`` values (``MODEL.SASA.STEM_IMPL``): ``"auto"`` (``"factorized"`` where
+#: :attr:`SpatiallyAwareAttentionStem.factorized`, else ``"projected"``), the two PyTorch routes,
+#: and ``"cpp"``, the fused C++ kernel (CPU; :mod:`~aadet.layers.functional.backends.stem_cpp`).
+#: All compute the same numbers (tested against a float64 brute force).
+STEM_IMPLS = ("auto", "factorized", "projected", "cpp")
+#: The ``impl`` values that trace into plain tensor ops (TorchScript/ONNX export): all but the kernel.
+STEM_EXPORTABLE_IMPLS = ("auto", "factorized", "projected")
 
 NormSpec = Union[str, None, nn.Module, Callable[[int], nn.Module]]
 
@@ -88,6 +97,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
             layer) or ``"none"``; the spatially-aware values are there in both cases.
         norm: ``"BN"`` (default), another name of Detectron2's ``get_norm`` (``"GN"``, ...),
             ``""``, a module, or a callable ``channels -> module``.
+        impl: how the attention is computed, one of :data:`STEM_IMPLS` (see :meth:`forward`):
+            ``"auto"`` (default: ``"factorized"`` where :attr:`factorized`, else
+            ``"projected"``), ``"factorized"``, ``"projected"``, or ``"cpp"`` (the fused C++
+            kernel, CPU tensors only; raises with the build error where it cannot be built).
 
     Parameters: ``query``/``key`` ``[out, in, 1, 1]`` and ``value_weight [m, out, in]`` ~
     ``N(0, in ** -0.5)``; ``rel_h [2b-1, dkh//2]``, ``rel_w [2b-1, dkh - dkh//2]`` ~
@@ -106,12 +119,14 @@ class SpatiallyAwareAttentionStem(nn.Module):
         embedding_dim: Optional[int] = None,
         positional_encoding: str = "relative",
         norm: NormSpec = "BN",
+        impl: str = "auto",
     ):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("block_size", block_size), ("num_mixtures", num_mixtures)):
             check_positive_int(value, name)
         check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
+        check_one_of(impl, STEM_IMPLS, "impl")
         dkh = check_num_heads(
             num_heads,
             out_channels,
@@ -129,6 +144,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         self.num_mixtures = num_mixtures
         self.positional_encoding = positional_encoding
         self.head_channels = dkh
+        self.impl = impl
 
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)
@@ -156,9 +172,24 @@ class SpatiallyAwareAttentionStem(nn.Module):
 
     @property
     def factorized(self) -> bool:
-        """Whether :meth:`forward` factorizes the attention through the input (``Nh * b^2 * in
+        """Whether ``impl="auto"`` factorizes the attention through the input (``Nh * b^2 * in
         <= 3 * out``, e.g. RGB with one head) rather than projecting q, k, v per pixel."""
         return self.num_heads * self.block_size ** 2 * self.in_channels <= 3 * self.out_channels
+
+    @property
+    def cpp_factorized(self) -> bool:
+        """Whether the ``"cpp"`` route gives its kernel the factorized weight form (``in <= d``,
+        e.g. RGB: the per-pixel work grows with the feature width, ``in`` factorized, ``d``
+        projected; :meth:`_cpp_weights`)."""
+        return self.in_channels <= self.head_channels
+
+    @property
+    def route(self) -> str:
+        """The route :meth:`forward` takes: ``impl``, or for ``"auto"`` ``"factorized"`` where
+        :attr:`factorized`, else ``"projected"``."""
+        if self.impl != "auto":
+            return self.impl
+        return "factorized" if self.factorized else "projected"
 
     def _values(self, x: torch.Tensor) -> torch.Tensor:
         """Spatially-aware values ``[B, out, H, W]``: ``v_ab = (sum_m p(a,b,m) W_V^m) x_ab``.
@@ -181,9 +212,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``.
 
-        The attention runs in block layout ``[B * blocks, b*b, channels]`` (only the ``in``-channel
-        input is rearranged into blocks; the output is written back once), by one of two routes
-        with the same numbers (both tested against a float64 brute force):
+        The attention runs by one of three routes (:attr:`route`, chosen by ``impl``) with the
+        same numbers (each tested against a float64 brute force). The two PyTorch routes work in
+        block layout ``[B * blocks, b*b, channels]`` (only the ``in``-channel input is rearranged
+        into blocks; the output is written back once):
 
         * factorized through the input (:attr:`factorized`: ``Nh * b^2 * in <= 3 * out``, e.g.
           RGB, 1 head):
@@ -193,21 +225,28 @@ class SpatiallyAwareAttentionStem(nn.Module):
           ``out``-channel q, k and v are never written;
         * projected: q, k and the spatially-aware v computed per pixel, then
           :func:`~aadet.layers.functional.block_attention`.
+
+        The ``"cpp"`` route (:meth:`_attend_cpp`) is one fused C++ kernel that reads the map and
+        writes ``[B, out, H, W]`` directly, block by block in cache (no block-layout copies).
         """
         self._check_input(x)
         bsz, cin, h, w = x.shape
         s = self.block_size
         ct = torch.promote_types(x.dtype, torch.float32)
+        route = self.route
         with torch.autocast(device_type=x.device.type, enabled=False):
-            xb = map_to_blocks(x.to(ct), s)  # [N, P, in], N = B * blocks
-            mask = block_padding_mask((h, w), s, x.device)
-            if mask is not None:
-                mask = mask.repeat(bsz, 1, 1, 1)
-            if self.factorized:
-                out = self._attend_factorized(xb, mask)
+            if route == "cpp":
+                out = self._attend_cpp(x.to(ct)).to(x.dtype)  # [B, out, H, W]
             else:
-                out = self._attend_projected(xb, mask)  # [N, P, out]
-            out = blocks_to_map(out, bsz, (h, w), s).to(x.dtype)  # [B, out, H, W]
+                xb = map_to_blocks(x.to(ct), s)  # [N, P, in], N = B * blocks
+                mask = block_padding_mask((h, w), s, x.device)
+                if mask is not None:
+                    mask = mask.repeat(bsz, 1, 1, 1)
+                if route == "factorized":
+                    out = self._attend_factorized(xb, mask)
+                else:
+                    out = self._attend_projected(xb, mask)  # [N, P, out]
+                out = blocks_to_map(out, bsz, (h, w), s).to(x.dtype)  # [B, out, H, W]
         if self.norm is not None:
             out = self.norm(out)
         out = F.relu(out)
@@ -308,6 +347,50 @@ class SpatiallyAwareAttentionStem(nn.Module):
         out = torch.bmm(weighted, w_v)  # [Nh, N*P, d]
         return out.view(nh, n, p, d).permute(1, 2, 0, 3).reshape(n, p, self.out_channels)
 
+    def _cpp_weights(self, dtype, factorized: bool):
+        """The C++ kernel's weights (:func:`~aadet.layers.functional.backends.stem_cpp.cpp_stem_attention`)
+        from the parameters, by differentiable weight algebra (autograd takes the kernel's
+        gradients back to ``query``, ``key``, ``value_weight``, ``emb_row``, ``emb_col``, ``nu``,
+        ``rel_h`` and ``rel_w``).
+
+        Returns ``wq, wk [Nh, e, in]``, ``tr [Nh, 2b-1, er]``, ``tc [Nh, 2b-1, ec]`` (None
+        without relative logits) and ``wv [b*b, in, out]``:
+
+        * ``factorized``: ``wq = I``, ``wk = W_Q^T W_K`` per head, ``tr = rel_h W_Q[:d/2]``,
+          ``tc = rel_w W_Q[d/2:]`` (``e = er = ec = in``);
+        * projected: ``wq = W_Q`` (scaled), ``wk = W_K``, ``tr = rel_h``, ``tc = rel_w`` (the same
+          for every head; ``e = d``, ``er = d/2``, ``ec = d - d/2``).
+        """
+        nh, cin = self.num_heads, self.in_channels
+        wq, wk, w_v = self._head_weights(dtype)  # [Nh, d, in], [Nh, d, in], [P, out, in]
+        tr = tc = None
+        if factorized:
+            if self.rel_h is not None:
+                dr = self.head_channels // 2
+                tr = torch.matmul(self.rel_h.to(dtype), wq[:, :dr])  # [Nh, 2b-1, in]
+                tc = torch.matmul(self.rel_w.to(dtype), wq[:, dr:])
+            wk = torch.matmul(wq.transpose(1, 2), wk)  # [Nh, in, in]: W_Q^T W_K
+            wq = torch.eye(cin, dtype=dtype, device=wk.device).expand(nh, cin, cin)
+        elif self.rel_h is not None:
+            r = 2 * self.block_size - 1
+            tr = self.rel_h.to(dtype).expand(nh, r, self.rel_h.shape[1])
+            tc = self.rel_w.to(dtype).expand(nh, r, self.rel_w.shape[1])
+        return wq, wk, tr, tc, w_v.transpose(1, 2)
+
+    def _attend_cpp(self, x: torch.Tensor, factorized: Optional[bool] = None) -> torch.Tensor:
+        """``x [B, in, H, W]`` (float32/64, CPU) -> the attention ``[B, out, H, W]`` in the fused C++
+        kernel (:mod:`~aadet.layers.functional.backends.stem_cpp`; built on first use).
+
+        ``factorized`` (None: :attr:`cpp_factorized`) picks the weights of :meth:`_cpp_weights`;
+        both forms give the same numbers.
+        """
+        if is_exporting():
+            raise ValueError("impl='cpp' (a C++ kernel) does not trace or export; use impl='auto'")
+        if factorized is None:
+            factorized = self.cpp_factorized
+        wq, wk, tr, tc, wv = self._cpp_weights(x.dtype, factorized)
+        return cpp_stem_attention(x, wq, wk, tr, tc, wv, self.block_size)
+
     #: The :meth:`flop_count` components that are the attention itself: all of them (the stem
     #: applies its ``query``/``key`` weights directly, not as child convolutions), i.e. what
     #: ``aadet.analysis`` counts by formula.
@@ -345,14 +428,26 @@ class SpatiallyAwareAttentionStem(nn.Module):
         route -- factorized (:attr:`factorized`): ``W_Q^T W_K`` (``C C_in^2``), logits as
         ``b^2 C_in``-wide products per head, the ``2b - 1`` offset tables through the input and
         the ``b^2 C_in``-wide output matmul; projected: q, k, v per padded pixel, logits and
-        weighted sum over ``C``, the ``2b - 1`` offset tables.
+        weighted sum over ``C``, the ``2b - 1`` offset tables; ``"cpp"``: the kernel's blocks are
+        clipped to the map (``H W`` queries, counted with ``b^2`` keys each), per pixel its value
+        ``W_V x`` and per head the two features of width ``e`` (``C_in`` in the factorized form,
+        :attr:`cpp_factorized`, with ``W_Q^T W_K`` and the tables through the input once per
+        call; else ``d``), the logits, the tables and the weighted sum over ``d``.
         """
         h, w = input_hw
         s, c, nh, cin = self.block_size, self.out_channels, self.num_heads, self.in_channels
         pix = batch * -(-h // s) * s * -(-w // s) * s  # padded to whole blocks
         rel = self.rel_h is not None
         implemented = s * s * self.num_mixtures * c * cin  # the mixed value matrices
-        if self.factorized:
+        if self.route == "cpp":
+            d, fact = self.head_channels, self.cpp_factorized
+            e = cin if fact else d
+            tables = (2 * s - 1) * (2 * cin if fact else d) if rel else 0
+            if fact:  # W_Q^T W_K and the tables through the input, once per call
+                implemented += cin * cin * c + ((2 * s - 1) * cin * c if rel else 0)
+            n = batch * h * w
+            return implemented + n * cin * c + n * nh * (2 * e * cin + s * s * e + tables + s * s * d)
+        if self.route == "factorized":
             implemented += cin * cin * c  # W_Q^T W_K: Nh heads of [in, d] x [d, in]
             implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
             implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head
@@ -378,5 +473,5 @@ class SpatiallyAwareAttentionStem(nn.Module):
         return (
             f"{self.in_channels}, {self.out_channels}, block_size={self.block_size}, "
             f"num_heads={self.num_heads}, num_mixtures={self.num_mixtures}, "
-            f"positional_encoding={self.positional_encoding!r}"
+            f"positional_encoding={self.positional_encoding!r}, impl={self.impl!r}"
         )

@@ -94,14 +94,21 @@ def test_values_are_position_dependent_mixtures():
             torch.testing.assert_close(v[:, :, y, xx], x[:, :, y, xx] @ w_eff.t(), rtol=0, atol=1e-12)
 
 
-def reference_stem(stem: SpatiallyAwareAttentionStem, x: torch.Tensor) -> torch.Tensor:
-    """The stem (without norm) written out with the float64 brute force of block attention, then
-    ReLU and a max over the in-map part of each ``b x b`` block."""
+def reference_attention(stem: SpatiallyAwareAttentionStem, x: torch.Tensor) -> torch.Tensor:
+    """The stem's attention ``[B, out, H, W]`` (before norm, ReLU and pooling) written out with
+    the float64 brute force of block attention (differentiable in ``x`` and every parameter)."""
     c, nh, b = stem.out_channels, stem.num_heads, stem.block_size
     q = split_heads(stem.query(x), nh) * (c // nh) ** -0.5
     k = split_heads(stem.key(x), nh)
     v = split_heads(stem._values(x), nh)
-    att = F.relu(merge_heads(brute_block_attention(q, k, v, stem.rel_h, stem.rel_w, b)))
+    return merge_heads(brute_block_attention(q, k, v, stem.rel_h, stem.rel_w, b))
+
+
+def reference_stem(stem: SpatiallyAwareAttentionStem, x: torch.Tensor) -> torch.Tensor:
+    """The stem (without norm) written out with the float64 brute force of block attention, then
+    ReLU and a max over the in-map part of each ``b x b`` block."""
+    b = stem.block_size
+    att = F.relu(reference_attention(stem, x))
     return F.max_pool2d(att, kernel_size=b, stride=b, ceil_mode=True)
 
 
@@ -199,6 +206,7 @@ def test_parameter_count():
         (dict(positional_encoding="absolute"), "positional_encoding"),
         (dict(out_channels=4, num_heads=4), "2 channels per head"),
         (dict(embedding_dim=0), "embedding_dim"),
+        (dict(impl="fused"), r"impl must be one of \('auto', 'factorized', 'projected', 'cpp'\); got 'fused'"),
     ],
 )
 def test_validation(kwargs, match):

@@ -1,7 +1,7 @@
 """The C++ CPU kernels' build and fallback (:mod:`aadet.layers.functional.backends.cpu_kernels`):
 without a compiler, or switched off, ``auto`` takes each kernel's pure-PyTorch route and gives the
 same result, and naming ``impl="cpp"`` says why the kernel is missing. Each kernel's exactness:
-test_sasa_cpp.py, test_aa_cpp.py, test_halo_attention.py."""
+test_sasa_cpp.py, test_aa_cpp.py, test_halo_attention.py, test_stem_cpp.py."""
 import os
 import subprocess
 import sys
@@ -34,6 +34,14 @@ _SCRIPTS = {
         q, rh, rw = torch.randn(1, 2, 5, 6, 4), torch.randn(5, 2), torch.randn(5, 2)
         route = auto(q)
         fn = lambda impl: halo_attention_2d(q, q, q, rh, rw, 2, 1, impl=impl)
+    """),
+    "stem": ("factorized", """
+        from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
+        x = torch.randn(1, 3, 9, 6, dtype=torch.float64)
+        route = SpatiallyAwareAttentionStem(3, 16).route
+        def fn(impl):
+            torch.manual_seed(0)
+            return SpatiallyAwareAttentionStem(3, 16, norm="", impl=impl).double()(x)
     """),
 }
 _REPORT = """

@@ -13,7 +13,8 @@ the block layout of :mod:`.halo_blocks`) and the logit tables'
 :data:`~..logit_tables.LOGIT_TABLE_BACKENDS` (``fn(q, k, v, tables, key_index, *, query_chunk) ->
 out``: ``logit_tables_*.py``; AA's global attention and SASA's halo route).
 
-The C++ kernels (``csrc/``) are built and cached by :mod:`.cpu_kernels`.
+The C++ kernels (``csrc/``) are built and cached by :mod:`.cpu_kernels`. SASA's attention stem has
+its own fused kernel, :mod:`.stem_cpp` (no registry: the stem picks it by its ``impl``).
 
 The Triton and flex modules are imported on first use (:func:`~..dispatch.lazy_backend`), never by
 ``import aadet``; they also have public entry points with their own checks, for direct calls.

@@ -1,6 +1,6 @@
 """Building the C++ CPU kernels under ``csrc/`` (SASA's :mod:`.sasa_cpp`, AA's
-:mod:`.logit_tables_cpp`, HaloNet's :mod:`.halo_cpp`): compiled on first use, cached, and a clean
-fallback where they cannot be.
+:mod:`.logit_tables_cpp`, HaloNet's :mod:`.halo_cpp`, the SASA attention stem's :mod:`.stem_cpp`):
+compiled on first use, cached, and a clean fallback where they cannot be.
 
 Each kernel is one source file (plus the shared header ``csrc/cpu_simd.h``) compiled by
 :func:`torch.utils.cpp_extension.load` with g++ and ninja, optimized for the CPU it runs on
@@ -126,11 +126,13 @@ class CppKernel:
 
 
 #: Every C++ kernel: SASA's (:mod:`.sasa_cpp`), AA's (:mod:`.logit_tables_cpp`), HaloNet's
-#: (:mod:`.halo_cpp`).
+#: (:mod:`.halo_cpp`), the SASA attention stem's (:mod:`.stem_cpp`; ``impl="auto"`` does not take
+#: it yet: its fallback is the route auto takes for an RGB stem).
 KERNELS: Dict[str, CppKernel] = {
     "sasa": CppKernel("sasa_cpu.cpp", "SASA C++ kernel", fallback="neighborhood"),
     "aa": CppKernel("aa_cpu.cpp", "AA C++ kernel", fallback="fused"),
     "halo": CppKernel("halo_cpu.cpp", "HaloNet C++ kernel", fallback="bmm"),
+    "stem": CppKernel("stem_cpu.cpp", "SASA attention stem C++ kernel", fallback="factorized"),
 }
 
 

@@ -1,0 +1,119 @@
+"""SASA's spatially-aware attention stem in a C++ kernel, block by block in cache: the stem's
+``"cpp"`` route (:class:`~aadet.layers.attention_stem.SpatiallyAwareAttentionStem`, ``impl="cpp"``).
+
+Computes the stem's attention (before its norm, ReLU and pooling), ``x [B, C, H, W]`` ->
+``[B, O, H, W]``, with ``csrc/stem_cpu.cpp``: the input is read and the output written in map
+layout, so the block-layout copies of the PyTorch routes (``map_to_blocks``, ``blocks_to_map``)
+are gone; per ``b x b`` block (clipped to the map: pixels outside it are neither queries nor
+keys), the values ``W_V(l) x_l``, each head's logits, the softmax and the weighted sum are
+computed in small per-thread buffers, with vector passes across the block's queries. The logits
+are a bilinear form through two features of the input, ``qf = wq[h] x``, ``kf = wk[h] x``, plus
+the relative terms read off the tables ``tr[h] qf[:er]`` and ``tc[h] qf[e - ec:]``; the stem
+passes either its projections (``wq = W_Q d^-1/2``, ``wk = W_K``, ``tr = rel_h``, ``tc = rel_w``)
+or the factorized form (``wq = I``, ``wk = W_Q^T W_K``, ``tr = rel_h W_Q[:d/2]``, ...), made by
+cheap weight algebra whose autograd takes the kernel's gradients back to the parameters.
+
+Backward recomputes each block's probabilities (a block is ``b^2`` pixels: nothing but the
+inputs is saved) and returns the gradients of ``x`` and of every weight tensor given; the
+weights' gradients are summed per chunk of blocks (one per thread), then over the chunks.
+Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) or float64 (the
+exactness tests), with autocast off.
+
+Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
+cannot be built, :func:`available` is False and ``impl="cpp"`` raises with the build error. A
+custom autograd Function does not export (tracing or ONNX).
+"""
+from typing import Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .cpu_kernels import KERNELS
+
+__all__ = ["KERNEL", "available", "build", "build_error", "cpp_stem_attention"]
+
+#: The kernel (built on first use: :mod:`.cpu_kernels`).
+KERNEL = KERNELS["stem"]
+
+
+def build(verbose: bool = False):
+    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
+    return KERNEL.build(verbose)
+
+
+def available() -> bool:
+    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
+    return KERNEL.available()
+
+
+def build_error() -> Optional[str]:
+    """Why the kernel is unavailable (None if it is available or was not tried)."""
+    return KERNEL.build_error()
+
+
+class _StemCpp(torch.autograd.Function):
+    """``x [B, C, H, W]``, ``wq``/``wk [Nh, e, C]``, ``tr [Nh, 2b-1, er]``/``tc [Nh, 2b-1, ec]``
+    (empty: no relative terms), ``wv [b*b, C, O]`` -> ``[B, O, H, W]`` (see the module
+    docstring); contiguous CPU tensors of one dtype."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, tr, tc, wv, block_size):
+        ext = KERNEL.extension("cpp")
+        out = ext.forward(x, wq, wk, tr, tc, wv, block_size)
+        ctx.save_for_backward(x, wq, wk, tr, tc, wv)
+        ctx.block_size = block_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, wq, wk, tr, tc, wv = ctx.saved_tensors
+        need_x, need_wq, need_wk, need_tr, need_tc, need_wv = ctx.needs_input_grad[:6]
+        ext = KERNEL.extension("cpp")
+        with torch.autocast(device_type="cpu", enabled=False):
+            gx, gwq, gwk, gtr, gtc, gwv = ext.backward(
+                grad_out.to(x.dtype).contiguous(), x, wq, wk, tr, tc, wv, ctx.block_size,
+                need_x, need_wq, need_wk, need_tr or need_tc, need_wv,
+            )
+        return (
+            gx if need_x else None, gwq if need_wq else None, gwk if need_wk else None,
+            gtr if need_tr else None, gtc if need_tc else None, gwv if need_wv else None, None,
+        )
+
+
+def cpp_stem_attention(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    tr: Optional[torch.Tensor],
+    tc: Optional[torch.Tensor],
+    wv: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """The stem's block attention in the C++ kernel (``impl="cpp"``; CPU tensors).
+
+    Args:
+        x: ``[B, C, H, W]`` input, float32 or float64.
+        wq, wk: ``[Nh, e, C]``: the query and key features ``wq[h] x``, ``wk[h] x`` whose dot
+            product is head ``h``'s content logit.
+        tr, tc: ``[Nh, 2b - 1, er]`` and ``[Nh, 2b - 1, ec]`` (``er, ec <= e``), or both None (no
+            relative terms): the logit of query ``p`` and key ``l`` gains ``tr[h, a_l - a_p + b - 1]
+            . qf_p[:er] + tc[h, c_l - c_p + b - 1] . qf_p[e - ec:]`` (``a``, ``c``: row and
+            column in the block).
+        wv: ``[b*b, C, O]``: ``wv[a b + c]`` is the transposed value matrix of block position
+            ``(a, c)``; head ``h`` takes the value channels ``[h O/Nh, (h + 1) O/Nh)``.
+        block_size: ``b``.
+
+    Returns:
+        ``[B, O, H, W]`` in ``x``'s dtype: every pixel's attention over the in-map pixels of its
+        ``b x b`` block.
+    """
+    if x.device.type != "cpu":
+        raise ValueError(f"impl='cpp' runs on CPU tensors; got {x.device.type} (use impl='auto')")
+    if (tr is None) != (tc is None):
+        raise ValueError("give both relative tables tr and tc, or neither")
+    if tr is None:
+        tr = tc = x.new_empty(0)
+    with torch.autocast(device_type="cpu", enabled=False):
+        args = [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
+        return _StemCpp.apply(*args, block_size)
