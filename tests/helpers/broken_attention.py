@@ -35,8 +35,9 @@ def _mutate(mutation, q, k, v, rel_h, rel_w):
 
 
 def _broken_stem(mutation: str, patch) -> None:
-    """The spatially-aware attention stem with ``mutation``: both of its routes (factorized and
-    projected, the same function) replaced by the projected one computed with the mutation.
+    """The spatially-aware attention stem with ``mutation``: all of its routes (factorized,
+    projected and the C++ kernel's, the same function) replaced by the projected one computed with
+    the mutation (for the kernel's, which works on maps, through the block layout).
 
     ``off_by_one`` takes the keys and values from the input one row down (the queries from the
     input itself), as the SASA mutation rolls the projected keys and values."""
@@ -64,14 +65,23 @@ def _broken_stem(mutation: str, patch) -> None:
         out = stem_module.block_attention_unchecked(q, k, v, rel_h, rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
+    def broken_attend_map(self, x, factorized=None):  # the "cpp" route: [B, in, H, W] -> [B, out, H, W]
+        bsz, _, h, w = x.shape
+        mask = stem_module.block_padding_mask((h, w), self.block_size, x.device)
+        if mask is not None:
+            mask = mask.repeat(bsz, 1, 1, 1)
+        out = broken_attend(self, stem_module.map_to_blocks(x, self.block_size), mask)
+        return stem_module.blocks_to_map(out, bsz, (h, w), self.block_size)
+
     patch(stem_cls, "forward", broken_forward)
     patch(stem_cls, "_attend_factorized", broken_attend)
     patch(stem_cls, "_attend_projected", broken_attend)
+    patch(stem_cls, "_attend_cpp", broken_attend_map)
 
 
 def break_attention(mutation: str, patch=setattr):
     """Patch the functional attention entry points the layers call (module attributes), and the
-    attention stem's two routes (:func:`_broken_stem`).
+    attention stem's routes (:func:`_broken_stem`).
 
     ``patch(module, name, value)``: ``setattr`` (for a whole process, as ``__main__`` does) or
     pytest's ``monkeypatch.setattr`` (undone after the test, ``tests/layers/test_attention_learning.py``).

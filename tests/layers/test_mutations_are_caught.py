@@ -4,17 +4,19 @@
 the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
 that computes attention -- the SASA layer (its C++ kernel in both modes: keeping the attention
 weights for backward, and recomputing them there), the HaloNet layer (strided: attention
-downsampling), the AA layer and SASA's spatially-aware stem (both of its routes) -- and the
-module's output is compared with its float64 brute-force composition, the comparison the
-exactness tests make (for the SASA layer also the input's gradient: the recompute mode's own code
-is its backward): correct, they agree to rounding; broken, by far more. So the harness reaches
-every module, and each mutation is a bug the exactness tests would catch.
+downsampling), the AA layer and SASA's spatially-aware stem (its two PyTorch routes, and its C++
+kernel in both of its weight forms) -- and the module's output is compared with its float64
+brute-force composition, the comparison the exactness tests make (for the C++ kernels of the SASA
+layer and the stem also the input's gradient: their own code is their backward): correct, they
+agree to rounding; broken, by far more. So the harness reaches every module, and each mutation is
+a bug the exactness tests would catch. The stem kernel's kinds skip where it cannot be built.
 """
 import pytest
 import torch
 
 from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
+from aadet.layers.functional.backends import stem_cpp
 
 from tests.helpers.broken_attention import MUTATIONS, break_attention
 from tests.layers.test_attention_stem import reference_stem
@@ -23,7 +25,8 @@ from tests.layers.test_halo_layer import brute_force as reference_halo
 from tests.layers.test_local_attention import _manual_layer as reference_sasa
 
 D = torch.float64
-#: module kind -> (float64 module, its brute-force composition); the stem in both of its routes.
+#: module kind -> (float64 module, its brute-force composition); the stem in each of its routes
+#: (its C++ kernel: the factorized weight form where in <= out / heads, else the projected one).
 MODULES = {
     # impl="cpp": at these narrow heads "auto" would recompute, and the stored mode is tested here
     "sasa": (lambda: LocalSelfAttention2d(6, 8, kernel_size=5, num_heads=2, block_size=3, impl="cpp"),
@@ -34,14 +37,19 @@ MODULES = {
     "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
     "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm=""), reference_stem),
     "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm=""), reference_stem),
+    "stem_cpp": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="", impl="cpp"), reference_stem),
+    "stem_cpp_projected_form": (lambda: SpatiallyAwareAttentionStem(6, 8, num_heads=2, norm="", impl="cpp"),
+                                reference_stem),
 }
-#: the kinds whose input gradient is compared too (the C++ kernel's own backward passes)
-GRADIENT_KINDS = ("sasa", "sasa_recompute")
+#: the kinds whose input gradient is compared too (the C++ kernels' own backward passes)
+GRADIENT_KINDS = ("sasa", "sasa_recompute", "stem_cpp", "stem_cpp_projected_form")
 CORRECT_ATOL = 1e-10  # what the exactness tests allow (they use 1e-10 to 1e-12)
 BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 
 
 def _max_error(kind):
+    if kind.startswith("stem_cpp") and not stem_cpp.available():
+        pytest.skip(f"the stem's C++ kernel is unavailable: {stem_cpp.build_error()}")
     make, reference = MODULES[kind]
     torch.manual_seed(0)
     module = make().double()
@@ -57,9 +65,12 @@ def _max_error(kind):
     return max((out - ref).abs().max().item(), (gx - gx_ref).abs().max().item())
 
 
-def test_stem_routes_are_both_exercised():
-    assert SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="").factorized
-    assert not SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm="").factorized
+def test_stem_routes_are_all_exercised():
+    routes = {kind: MODULES[kind][0]().route for kind in MODULES if kind.startswith("stem")}
+    assert routes == {"stem_factorized": "factorized", "stem_projected": "projected", "stem_cpp": "cpp",
+                      "stem_cpp_projected_form": "cpp"}
+    cpp, projected_form = MODULES["stem_cpp"][0](), MODULES["stem_cpp_projected_form"][0]()
+    assert cpp.cpp_factorized and not projected_form.cpp_factorized  # the kernel's two weight forms
 
 
 @pytest.mark.parametrize("kind", sorted(MODULES))
