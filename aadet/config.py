@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional
 from detectron2.config import CfgNode as CN
 
 from .layers import (
+    STEM_IMPLS,
     AugmentedConv2d,
     HaloSelfAttention2d,
     LocalSelfAttention2d,
@@ -328,6 +329,11 @@ def add_sasa_config(cfg):
     sa.STEM_MIXTURES = stem["num_mixtures"]  # m value matrices mixed per position (paper: 4)
     sa.STEM_NUM_HEADS = stem["num_heads"]  # heads of the stem attention
     sa.STEM_BLOCK_SIZE = stem["block_size"]  # attention in b x b blocks, b x b max pooling (paper: 4)
+    # How the stem's attention is computed: a name in aadet.layers.STEM_IMPLS, "auto" (default:
+    # "factorized" through the input where the stem is narrow, e.g. RGB with one head, else
+    # "projected"), "factorized", "projected", or "cpp" (one fused C++ kernel, CPU only). All
+    # exact, only speed and memory differ; not in the paper.
+    sa.STEM_IMPL = stem["impl"]
     # How local attention is computed: "auto" (aadet.layers.functional.local_attention.
     # auto_local_attention_impl) or a route of LOCAL_ATTENTION_BACKENDS there (all exact, only
     # speed and memory differ; each route with its summary).
@@ -528,6 +534,7 @@ def check_sasa_config(cfg):
     check_one_of(sa.POSITIONAL_ENCODING, SASA_POSITIONAL_ENCODINGS, "MODEL.SASA.POSITIONAL_ENCODING", config_error)
     for key in ("STEM_MIXTURES", "STEM_NUM_HEADS", "STEM_BLOCK_SIZE", "BLOCK_SIZE"):
         check_int(sa[key], f"MODEL.SASA.{key}", 1, config_error)
+    check_one_of(sa.STEM_IMPL, STEM_IMPLS, "MODEL.SASA.STEM_IMPL", config_error)
     LOCAL_ATTENTION_BACKENDS.check(sa.IMPL, "MODEL.SASA.IMPL", config_error)
     check_recompute(
         sa.RECOMPUTE_ATTENTION, sa.IMPL, "MODEL.SASA.RECOMPUTE_ATTENTION", "MODEL.SASA.IMPL", config_error

@@ -18,6 +18,7 @@ from detectron2.data import DatasetMapper
 from detectron2.modeling import build_model
 
 from ..config import config_keys
+from ..layers import SpatiallyAwareAttentionStem
 from ..data.augmentation import build_augmentation
 from ..modeling.backbone import build_aa_resnet_backbone, build_halo_resnet_backbone
 from ..modeling.box_voting import bbox_vote_thresh
@@ -66,8 +67,8 @@ class InferenceSettings:
     nms_thresh_test: float
     detections_per_image: int
     bbox_vote_thresh: float
-    #: ``{config key: (kind, route)}`` of every attention route, kind "aa" (logit tables) or
-    #: "sasa" (local attention): what the export checks.
+    #: ``{config key: (kind, route)}`` of every attention route, kind "aa" (logit tables),
+    #: "sasa" (local attention), "halo" or "stem" (SASA's attention stem): what the export checks.
     attention_routes: Dict[str, Tuple[str, str]]
 
 
@@ -93,6 +94,7 @@ def inference_settings(cfg) -> InferenceSettings:
             attention_routes={
                 "MODEL.AA.IMPL": ("aa", cfg.MODEL.AA.IMPL),
                 "MODEL.SASA.IMPL": ("sasa", cfg.MODEL.SASA.IMPL),
+                "MODEL.SASA.STEM_IMPL": ("stem", cfg.MODEL.SASA.STEM_IMPL),
                 "MODEL.HALO.IMPL": ("halo", cfg.MODEL.HALO.IMPL),
             },
         )
@@ -118,14 +120,17 @@ def inference_settings(cfg) -> InferenceSettings:
     )
 
 
-#: The backbone builders whose ``impl`` options name routes other than local attention's.
-_ROUTE_KINDS = {build_aa_resnet_backbone: "aa", build_halo_resnet_backbone: "halo"}
+#: The backbone builders (and the attention stem) whose ``impl`` options name routes other than
+#: local attention's.
+_ROUTE_KINDS = {
+    build_aa_resnet_backbone: "aa", build_halo_resnet_backbone: "halo", SpatiallyAwareAttentionStem: "stem"
+}
 
 
 def _lazy_attention_routes(cfg) -> Dict[str, Tuple[str, str]]:
     """Every ``impl`` of the model's attention options: the AA-ResNet's are logit-table routes,
-    the HaloNet-ResNet's halo-attention routes, the others (SASA-ResNet, attentional FPN and head)
-    local-attention routes."""
+    the HaloNet-ResNet's halo-attention routes, the attention stem's its own (``STEM_IMPLS``), the
+    others (SASA-ResNet, attentional FPN and head) local-attention routes."""
     tree = plain_containers(cfg.model)
     routes = {}
     for key in config_keys(tree, "model."):

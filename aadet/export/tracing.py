@@ -24,9 +24,9 @@ size for TorchScript files too. Export once per input size.
 Attention layers trace with plain tensor ops: ``impl="auto"`` picks an exporting route while
 tracing or exporting (no custom ``autograd.Function``, no SDPA, halo windows gathered with
 ``index_select``; :func:`aadet.layers.functional.is_exporting`); ``MODEL.AA.IMPL``,
-``MODEL.SASA.IMPL`` and ``MODEL.HALO.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry
-(:func:`check_exportable`). The export is PyTorch's
-TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
+``MODEL.SASA.IMPL`` and ``MODEL.HALO.IMPL`` must be ``"auto"`` or a route flagged ``exports`` in its registry,
+``MODEL.SASA.STEM_IMPL`` one of ``STEM_EXPORTABLE_IMPLS`` (not the C++ kernel) (:func:`check_exportable`).
+The export is PyTorch's TorchScript-based ONNX exporter (``dynamo=False``), the one Detectron2's tracing route uses.
 """
 import contextlib
 import json
@@ -42,6 +42,7 @@ from detectron2.export import TracingAdapter
 from detectron2.modeling.meta_arch.retinanet import RetinaNet
 
 from ..config import config_error
+from ..layers.attention_stem import STEM_EXPORTABLE_IMPLS
 from ..layers.functional.checks import check_one_of
 from ..layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
@@ -89,8 +90,9 @@ def check_exportable(cfg, fmt: str, opset: int = DEFAULT_ONNX_OPSET) -> None:
             f"got {opset}"
         )
     for key, (kind, route) in inference_settings(cfg).attention_routes.items():
+        exportable = STEM_EXPORTABLE_IMPLS if kind == "stem" else ROUTE_REGISTRIES[kind].exportable()
         check_one_of(
-            route, ROUTE_REGISTRIES[kind].exportable(), key, config_error,
+            route, exportable, key, config_error,
             " to export: the routes that trace into plain tensor ops (\"auto\" takes one of them "
             "while tracing)",
         )

@@ -46,6 +46,7 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("MODEL.AA.POSITIONAL_ENCODING", "learned", "MODEL.AA.POSITIONAL_ENCODING"),
         ("MODEL.SASA.KERNEL_SIZE", 4, "MODEL.SASA.KERNEL_SIZE"),
         ("MODEL.SASA.IMPL", "unfold", "MODEL.SASA.IMPL"),
+        ("MODEL.SASA.STEM_IMPL", "fused", "MODEL.SASA.STEM_IMPL"),
         ("MODEL.HALO.BLOCK_SIZE", 0, "MODEL.HALO.BLOCK_SIZE must be an integer >= 1; got 0"),
         ("MODEL.HALO.HALO_SIZE", -1, "MODEL.HALO.HALO_SIZE must be an integer >= 0; got -1"),
         ("MODEL.HALO.NUM_HEADS", 0, "MODEL.HALO.NUM_HEADS must be an integer >= 1; got 0"),
@@ -143,7 +144,7 @@ def test_similar_config_keys():
 
 
 def _owned_lists():
-    from aadet.layers import HALO_ATTENTION_BACKENDS, LOCAL_ATTENTION_BACKENDS, SASA_POSITIONAL_ENCODINGS
+    from aadet.layers import HALO_ATTENTION_BACKENDS, LOCAL_ATTENTION_BACKENDS, SASA_POSITIONAL_ENCODINGS, STEM_IMPLS
     from aadet.modeling.backbone.fpn import FPN_SPATIAL_LAYER_REGISTRY, P6P7_SOURCES
     from aadet.modeling.backbone.resnet_stages import STAGE_NAMES
     from aadet.modeling.meta_arch.retinanet import RETINANET_HEAD_REGISTRY
@@ -151,6 +152,7 @@ def _owned_lists():
     return {
         "MODEL.SASA.POSITIONAL_ENCODING": f"one of {SASA_POSITIONAL_ENCODINGS}",
         "MODEL.SASA.IMPL": f"one of {LOCAL_ATTENTION_BACKENDS.impls()}",
+        "MODEL.SASA.STEM_IMPL": f"one of {STEM_IMPLS}",
         "MODEL.FPN.SPATIAL_LAYER": f"one of {tuple(sorted(n for n, _ in FPN_SPATIAL_LAYER_REGISTRY))}",
         "MODEL.FPN.P6P7_SOURCE": f"one of {P6P7_SOURCES}",
         "MODEL.RETINANET.HEAD_NAME": f"one of {tuple(sorted(n for n, _ in RETINANET_HEAD_REGISTRY))}",
@@ -165,6 +167,7 @@ def _owned_lists():
     [
         ("MODEL.SASA.POSITIONAL_ENCODING", "learned", "validated"),
         ("MODEL.SASA.IMPL", "unfold", "validated"),
+        ("MODEL.SASA.STEM_IMPL", "fused", "validated"),
         # Keys whose allowed values belong to a model builder: checked when it maps them.
         ("MODEL.FPN.SPATIAL_LAYER", "transformer", "built"),
         ("MODEL.FPN.P6P7_SOURCE", "c5", "built"),
@@ -202,7 +205,7 @@ def test_allowed_values_come_from_their_owners():
     """The config accepts exactly what the layers and the route registries do."""
     from aadet.layers import (
         AA_POSITIONAL_ENCODINGS, HALO_ATTENTION_BACKENDS, HALO_POSITIONAL_ENCODINGS, LOCAL_ATTENTION_BACKENDS,
-        LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS,
+        LOGIT_TABLE_BACKENDS, SASA_POSITIONAL_ENCODINGS, STEM_IMPLS,
     )
 
     def accepted(key, candidates):
@@ -224,6 +227,7 @@ def test_allowed_values_come_from_their_owners():
         == list(SASA_POSITIONAL_ENCODINGS)
     sasa, aa = LOCAL_ATTENTION_BACKENDS.impls(), LOGIT_TABLE_BACKENDS.impls()
     assert accepted("MODEL.SASA.IMPL", list(sasa) + junk) == list(sasa)
+    assert accepted("MODEL.SASA.STEM_IMPL", list(STEM_IMPLS) + ["materialized"] + junk) == list(STEM_IMPLS)
     assert accepted("MODEL.AA.IMPL", list(aa) + junk) == list(aa)
     halo = HALO_ATTENTION_BACKENDS.impls()
     assert accepted("MODEL.HALO.IMPL", list(halo) + junk) == list(halo)

@@ -187,3 +187,16 @@ def test_errors_off_cpu_under_export_and_without_the_kernel(monkeypatch):
                                            "which did not build: test: no compiler"):
         stem(torch.zeros(1, 3, 8, 8))
 
+
+def test_export_check_names_the_stem_key():
+    from aadet.config import ConfigValueError
+    from aadet.engine import get_aadet_cfg
+    from aadet.export.tracing import check_exportable
+
+    cfg = get_aadet_cfg()
+    cfg.MODEL.SASA.STEM_IMPL = "factorized"
+    check_exportable(cfg, "onnx")
+    cfg.MODEL.SASA.STEM_IMPL = "cpp"
+    with pytest.raises(ConfigValueError, match="Config key MODEL.SASA.STEM_IMPL must be one of "
+                                               r"\('auto', 'factorized', 'projected'\) to export"):
+        check_exportable(cfg, "onnx")

@@ -92,6 +92,13 @@ def test_backbone_matches_conv_resnet_shapes_on_odd_inputs():
     assert a["res5"].shape == (1, 256, 3, 2)
 
 
+def test_stem_impl_comes_from_the_config():
+    """MODEL.SASA.STEM_IMPL reaches the attention stem ("auto" by default: today's PyTorch routes)."""
+    assert small_cfg().MODEL.SASA.STEM_IMPL == "auto"
+    net = build_sasa_resnet_backbone(small_cfg(STEM="attention", STEM_IMPL="cpp"), ShapeSpec(channels=3))
+    assert net.stem.impl == net.stem.route == "cpp"
+
+
 def test_attention_block_structure_and_stride():
     cfg = small_cfg()
     cfg.MODEL.RESNETS.STRIDE_IN_1X1 = True  # attention blocks take the stride anyway

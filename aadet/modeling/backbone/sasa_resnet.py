@@ -101,6 +101,7 @@ def _build_stem(cfg, input_shape: ShapeSpec):
         # The stem has relative logits or none; "sine2d" (a trunk ablation) keeps them relative.
         positional_encoding="none" if sa.POSITIONAL_ENCODING == "none" else "relative",
         norm=norm,  # a name of Detectron2's get_norm, or "" (none)
+        impl=sa.STEM_IMPL,
     )
 
 

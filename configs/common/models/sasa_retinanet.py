@@ -47,6 +47,7 @@ def attention_stem(model):
         # the stem has relative logits or none ("sine2d", a trunk ablation, keeps them relative)
         positional_encoding="relative",
         norm="${..norm}",
+        impl=_sa.STEM_IMPL,  # MODEL.SASA.STEM_IMPL
     )
     return model
 
