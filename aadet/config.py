@@ -329,10 +329,9 @@ def add_sasa_config(cfg):
     sa.STEM_MIXTURES = stem["num_mixtures"]  # m value matrices mixed per position (paper: 4)
     sa.STEM_NUM_HEADS = stem["num_heads"]  # heads of the stem attention
     sa.STEM_BLOCK_SIZE = stem["block_size"]  # attention in b x b blocks, b x b max pooling (paper: 4)
-    # How the stem's attention is computed: a name in aadet.layers.STEM_IMPLS, "auto" (default:
-    # "factorized" through the input where the stem is narrow, e.g. RGB with one head, else
-    # "projected"), "factorized", "projected", or "cpp" (one fused C++ kernel, CPU only). All
-    # exact, only speed and memory differ; not in the paper.
+    # How the stem's attention is computed: a name in aadet.layers.STEM_IMPLS; "auto" (default)
+    # picks by device (SpatiallyAwareAttentionStem.route). All exact, only speed and memory
+    # differ; not in the paper.
     sa.STEM_IMPL = stem["impl"]
     # How local attention is computed: "auto" (aadet.layers.functional.local_attention.
     # auto_local_attention_impl) or a route of LOCAL_ATTENTION_BACKENDS there (all exact, only

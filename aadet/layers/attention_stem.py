@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional.backends import stem_cpp
 from .functional.backends.stem_cpp import cpp_stem_attention
 from .functional.blocks import (
     add_block_relative_logits,
@@ -45,9 +46,9 @@ __all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS", "STEM_IMPLS", 
 
 #: The stem's ``positional_encoding`` values: relative logits inside the block, or none.
 POSITIONAL_ENCODINGS = ("relative", "none")
-#: The stem's ``impl`` values (``MODEL.SASA.STEM_IMPL``): ``"auto"`` (``"factorized"`` where
-#: :attr:`SpatiallyAwareAttentionStem.factorized`, else ``"projected"``), the two PyTorch routes,
-#: and ``"cpp"``, the fused C++ kernel (CPU; :mod:`~aadet.layers.functional.backends.stem_cpp`).
+#: The stem's ``impl`` values (``MODEL.SASA.STEM_IMPL``): ``"auto"``
+#: (:meth:`SpatiallyAwareAttentionStem.route`), the two PyTorch routes, and ``"cpp"``, the fused
+#: C++ kernel (CPU; :mod:`~aadet.layers.functional.backends.stem_cpp`).
 #: All compute the same numbers (tested against a float64 brute force).
 STEM_IMPLS = ("auto", "factorized", "projected", "cpp")
 #: The ``impl`` values that trace into plain tensor ops (TorchScript/ONNX export): all but the kernel.
@@ -183,12 +184,15 @@ class SpatiallyAwareAttentionStem(nn.Module):
         projected; :meth:`_cpp_weights`)."""
         return self.in_channels <= self.head_channels
 
-    @property
-    def route(self) -> str:
-        """The route :meth:`forward` takes: ``impl``, or for ``"auto"`` ``"factorized"`` where
-        :attr:`factorized`, else ``"projected"``."""
+    def route(self, device: Union[str, torch.device] = "cpu") -> str:
+        """The route :meth:`forward` takes for an input on ``device``: ``impl``, or for
+        ``"auto"``: the C++ kernel ``"cpp"`` on CPU where it builds (about half the factorized
+        route's training time for the demo's RGB stem, BENCHMARKS.md), else (CUDA, tracing or
+        export, no kernel) ``"factorized"`` where :attr:`factorized`, ``"projected"`` otherwise."""
         if self.impl != "auto":
             return self.impl
+        if torch.device(device).type == "cpu" and not is_exporting() and stem_cpp.available():
+            return "cpp"
         return "factorized" if self.factorized else "projected"
 
     def _values(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +216,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``.
 
-        The attention runs by one of three routes (:attr:`route`, chosen by ``impl``) with the
+        The attention runs by one of three routes (:meth:`route`, chosen by ``impl``) with the
         same numbers (each tested against a float64 brute force). The two PyTorch routes work in
         block layout ``[B * blocks, b*b, channels]`` (only the ``in``-channel input is rearranged
         into blocks; the output is written back once):
@@ -233,7 +237,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         bsz, cin, h, w = x.shape
         s = self.block_size
         ct = torch.promote_types(x.dtype, torch.float32)
-        route = self.route
+        route = self.route(x.device)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if route == "cpp":
                 out = self._attend_cpp(x.to(ct)).to(x.dtype)  # [B, out, H, W]
@@ -423,7 +427,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         return out
 
     def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
-        """Multiply-adds of the route :meth:`forward` takes (an estimate to compare with
+        """Multiply-adds of the route :meth:`forward` takes on CPU (an estimate to compare with
         :meth:`flop_count`): blocks padded to whole ``b x b`` blocks, and the extra work of the
         route -- factorized (:attr:`factorized`): ``W_Q^T W_K`` (``C C_in^2``), logits as
         ``b^2 C_in``-wide products per head, the ``2b - 1`` offset tables through the input and
@@ -439,7 +443,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         pix = batch * -(-h // s) * s * -(-w // s) * s  # padded to whole blocks
         rel = self.rel_h is not None
         implemented = s * s * self.num_mixtures * c * cin  # the mixed value matrices
-        if self.route == "cpp":
+        route = self.route()
+        if route == "cpp":
             d, fact = self.head_channels, self.cpp_factorized
             e = cin if fact else d
             tables = (2 * s - 1) * (2 * cin if fact else d) if rel else 0
@@ -447,7 +452,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
                 implemented += cin * cin * c + ((2 * s - 1) * cin * c if rel else 0)
             n = batch * h * w
             return implemented + n * cin * c + n * nh * (2 * e * cin + s * s * e + tables + s * s * d)
-        if self.route == "factorized":
+        if route == "factorized":
             implemented += cin * cin * c  # W_Q^T W_K: Nh heads of [in, d] x [d, in]
             implemented += pix * nh * (2 * s * s * cin + (2 * (2 * s - 1) * cin if rel else 0))
             implemented += pix * s * s * cin * c  # [P, P * in] x [P * in, d] per head

@@ -112,12 +112,14 @@ def reference_stem(stem: SpatiallyAwareAttentionStem, x: torch.Tensor) -> torch.
     return F.max_pool2d(att, kernel_size=b, stride=b, ceil_mode=True)
 
 
-@pytest.mark.parametrize("out_channels,num_heads", [(8, 2), (32, 1), (32, 2)])
-def test_stem_forward_matches_brute_force(out_channels, num_heads):
-    # (8, 2) takes the projected route, (32, 1) and (32, 2) the factorized one.
+@pytest.mark.parametrize(
+    "out_channels,num_heads,impl", [(8, 2, "projected"), (32, 1, "factorized"), (32, 2, "factorized")]
+)
+def test_stem_forward_matches_brute_force(out_channels, num_heads, impl):
+    # The PyTorch routes (what auto takes off CPU); the C++ route: test_stem_cpp.py.
     torch.manual_seed(0)
     c, nh = out_channels, num_heads
-    stem = SpatiallyAwareAttentionStem(3, c, block_size=4, num_heads=nh, norm="").double()
+    stem = SpatiallyAwareAttentionStem(3, c, block_size=4, num_heads=nh, norm="", impl=impl).double()
     x = torch.randn(1, 3, 9, 6, dtype=D)
     with torch.no_grad():
         q = split_heads(stem.query(x), nh) * (c // nh) ** -0.5

@@ -35,8 +35,10 @@ MODULES = {
                        reference_sasa),
     "halo": (lambda: HaloSelfAttention2d(6, 8, block_size=4, halo_size=1, num_heads=2, stride=2), reference_halo),
     "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
-    "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm=""), reference_stem),
-    "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm=""), reference_stem),
+    "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="", impl="factorized"),
+                        reference_stem),
+    "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm="", impl="projected"),
+                       reference_stem),
     "stem_cpp": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="", impl="cpp"), reference_stem),
     "stem_cpp_projected_form": (lambda: SpatiallyAwareAttentionStem(6, 8, num_heads=2, norm="", impl="cpp"),
                                 reference_stem),
@@ -66,7 +68,7 @@ def _max_error(kind):
 
 
 def test_stem_routes_are_all_exercised():
-    routes = {kind: MODULES[kind][0]().route for kind in MODULES if kind.startswith("stem")}
+    routes = {kind: MODULES[kind][0]().route() for kind in MODULES if kind.startswith("stem")}
     assert routes == {"stem_factorized": "factorized", "stem_projected": "projected", "stem_cpp": "cpp",
                       "stem_cpp_projected_form": "cpp"}
     cpp, projected_form = MODULES["stem_cpp"][0](), MODULES["stem_cpp_projected_form"][0]()

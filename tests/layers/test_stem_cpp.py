@@ -167,10 +167,17 @@ def test_float32_within_tolerance(kernel):
         torch.testing.assert_close(grad.double(), ref[1][name], rtol=0, atol=5e-5 * scale, msg=name)
 
 
-def test_auto_keeps_the_pytorch_routes():
-    assert SpatiallyAwareAttentionStem(3, 64).route == "factorized"
-    assert SpatiallyAwareAttentionStem(3, 8, num_heads=2).route == "projected"
-    assert SpatiallyAwareAttentionStem(3, 8, num_heads=2, impl="cpp").route == "cpp"
+def test_auto_takes_the_kernel_on_cpu_and_the_pytorch_routes_elsewhere(kernel, monkeypatch):
+    wide, narrow = SpatiallyAwareAttentionStem(3, 64), SpatiallyAwareAttentionStem(3, 8, num_heads=2)
+    assert wide.route() == narrow.route("cpu") == "cpp"
+    assert wide.route("meta") == "factorized" and narrow.route("meta") == "projected"  # not CPU
+    assert SpatiallyAwareAttentionStem(3, 64, impl="projected").route() == "projected"
+    assert SpatiallyAwareAttentionStem(3, 8, num_heads=2, impl="cpp").route("meta") == "cpp"
+    monkeypatch.setattr("aadet.layers.attention_stem.is_exporting", lambda: True)
+    assert wide.route() == "factorized"
+    monkeypatch.undo()
+    monkeypatch.setattr(stem_cpp.KERNEL, "available", lambda: False)
+    assert wide.route() == "factorized" and narrow.route() == "projected"
 
 
 def test_errors_off_cpu_under_export_and_without_the_kernel(monkeypatch):

@@ -93,10 +93,12 @@ def test_backbone_matches_conv_resnet_shapes_on_odd_inputs():
 
 
 def test_stem_impl_comes_from_the_config():
-    """MODEL.SASA.STEM_IMPL reaches the attention stem ("auto" by default: today's PyTorch routes)."""
+    """MODEL.SASA.STEM_IMPL reaches the attention stem ("auto" by default)."""
     assert small_cfg().MODEL.SASA.STEM_IMPL == "auto"
     net = build_sasa_resnet_backbone(small_cfg(STEM="attention", STEM_IMPL="cpp"), ShapeSpec(channels=3))
-    assert net.stem.impl == net.stem.route == "cpp"
+    assert net.stem.impl == "cpp"
+    net = build_sasa_resnet_backbone(small_cfg(STEM="attention", STEM_IMPL="projected"), ShapeSpec(channels=3))
+    assert net.stem.route() == "projected"
 
 
 def test_attention_block_structure_and_stride():
