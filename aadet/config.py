@@ -316,6 +316,9 @@ def add_sasa_config(cfg):
     stem = layer_defaults(SpatiallyAwareAttentionStem)
     sa = cfg.MODEL.SASA = CN()
     sa.KERNEL_SIZE = layer["kernel_size"]  # spatial extent k, odd (paper: 7)
+    # Spatial extent of the attentional RetinaNet head's tower layers (AttentionRetinaNetHead),
+    # odd; its other options are the keys here. Paper: 7, as every SASA layer.
+    sa.HEAD_KERNEL_SIZE = layer["kernel_size"]
     sa.NUM_HEADS = layer["num_heads"]  # paper: 8
     # A name in aadet.layers.SASA_POSITIONAL_ENCODINGS: "relative" (paper), "sine2d" (the 2D sine
     # encoding, as MODEL.AA's), "none": paper Table 5.
@@ -529,6 +532,7 @@ def check_sasa_config(cfg):
     stage's width is checked when it is built)."""
     sa = cfg.MODEL.SASA
     check_kernel_size(sa.KERNEL_SIZE, "MODEL.SASA.KERNEL_SIZE", config_error)
+    check_kernel_size(sa.HEAD_KERNEL_SIZE, "MODEL.SASA.HEAD_KERNEL_SIZE", config_error)
     check_int(sa.NUM_HEADS, "MODEL.SASA.NUM_HEADS", 1, config_error)
     check_one_of(sa.POSITIONAL_ENCODING, SASA_POSITIONAL_ENCODINGS, "MODEL.SASA.POSITIONAL_ENCODING", config_error)
     for key in ("STEM_MIXTURES", "STEM_NUM_HEADS", "STEM_BLOCK_SIZE", "BLOCK_SIZE"):

@@ -5,7 +5,8 @@ Section 4.2 / Table 2. :class:`AttentionRetinaNetHead` is Detectron2's ``RetinaN
 every 3x3 convolution of ``cls_subnet`` and ``bbox_subnet`` replaced by a
 :class:`~aadet.layers.local_attention.LocalSelfAttention2d` standing in for it
 (:func:`~aadet.modeling.attention_layers.local_attention_for_conv`, keys read by
-:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`); the towers' norms (incl. Detectron2's per-level
+:func:`~aadet.modeling.attention_layers.sasa_layer_kwargs`, its window
+``MODEL.SASA.HEAD_KERNEL_SIZE``); the towers' norms (incl. Detectron2's per-level
 ``CycleBatchNormList``) and ReLUs stay. Selected by ``MODEL.RETINANET.HEAD_NAME =
 "AttentionRetinaNetHead"`` (meta-architecture ``AADetRetinaNet``).
 
@@ -65,5 +66,5 @@ class AttentionRetinaNetHead(RetinaNetHead):
     @classmethod
     def from_config(cls, cfg, input_shape):
         ret = super().from_config(cfg, input_shape)
-        ret.update(sasa_layer_kwargs(cfg))
+        ret.update(sasa_layer_kwargs(cfg), kernel_size=cfg.MODEL.SASA.HEAD_KERNEL_SIZE)
         return ret

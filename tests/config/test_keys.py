@@ -45,6 +45,7 @@ def test_lr_step_rounding_onto_the_last_iteration_is_a_config_error():
         ("MODEL.AA.NU", 1.0, "MODEL.AA.NU"),
         ("MODEL.AA.POSITIONAL_ENCODING", "learned", "MODEL.AA.POSITIONAL_ENCODING"),
         ("MODEL.SASA.KERNEL_SIZE", 4, "MODEL.SASA.KERNEL_SIZE"),
+        ("MODEL.SASA.HEAD_KERNEL_SIZE", 0, "MODEL.SASA.HEAD_KERNEL_SIZE"),
         ("MODEL.SASA.IMPL", "unfold", "MODEL.SASA.IMPL"),
         ("MODEL.SASA.STEM_IMPL", "fused", "MODEL.SASA.STEM_IMPL"),
         ("MODEL.HALO.BLOCK_SIZE", 0, "MODEL.HALO.BLOCK_SIZE must be an integer >= 1; got 0"),
@@ -240,14 +241,14 @@ def test_layer_keys_default_to_the_layers_defaults(monkeypatch):
     the config, with nothing else to edit."""
     from aadet.layers import LocalSelfAttention2d
 
-    assert get_aadet_cfg().MODEL.SASA.KERNEL_SIZE == 7  # SASA Sec. 4: k = 7
+    assert get_aadet_cfg().MODEL.SASA.KERNEL_SIZE == get_aadet_cfg().MODEL.SASA.HEAD_KERNEL_SIZE == 7  # SASA: k = 7
     signature = inspect.signature(LocalSelfAttention2d)
     changed = signature.replace(parameters=[
         p.replace(default=5) if p.name == "kernel_size" else p for p in signature.parameters.values()
     ])
     monkeypatch.setattr(LocalSelfAttention2d, "__signature__", changed, raising=False)
     cfg = get_aadet_cfg()
-    assert cfg.MODEL.SASA.KERNEL_SIZE == 5
+    assert cfg.MODEL.SASA.KERNEL_SIZE == cfg.MODEL.SASA.HEAD_KERNEL_SIZE == 5
 
 
 def test_halo_keys_are_the_layers_defaults_the_papers_values(monkeypatch):

@@ -250,7 +250,7 @@ def test_attention_top_block_key(top_block):
 # ----------------------------------------------------------------------------- head
 def test_attention_head_replaces_towers_only():
     torch.manual_seed(0)
-    cfg = small_cfg()
+    cfg = small_cfg(HEAD_KERNEL_SIZE=3)  # the head's window is its own key; the trunk's k is 5
     cfg.MODEL.RETINANET.HEAD_NAME = "AttentionRetinaNetHead"
     shapes = [ShapeSpec(channels=C, stride=s) for s in (8, 16, 32, 64, 128)]
     from aadet.modeling.meta_arch.retinanet import build_retinanet_head
@@ -262,6 +262,7 @@ def test_attention_head_replaces_towers_only():
     towers = list(head.cls_subnet) + list(head.bbox_subnet)
     attn = [m for m in towers if isinstance(m, LocalSelfAttention2d)]
     assert len(attn) == 8 and not [m for m in towers if isinstance(m, nn.Conv2d)]
+    assert {m.kernel_size for m in attn} == {3} and {m.num_heads for m in attn} == {4}
     assert sum(isinstance(m, nn.GroupNorm) for m in towers) == 8
     assert sum(isinstance(m, nn.ReLU) for m in towers) == 8
     assert isinstance(head.cls_score, nn.Conv2d) and head.cls_score.kernel_size == (3, 3)
@@ -269,7 +270,7 @@ def test_attention_head_replaces_towers_only():
     assert torch.allclose(head.cls_score.bias, torch.full_like(head.cls_score.bias, -4.59511985))
     assert abs(float(attn[0].value.weight.detach().std()) - 0.01) < 0.002
     assert float(attn[0].bias.detach().abs().max()) == 0
-    per_layer = (9 * C * C + C) - attn_params(C, C, k=5, heads=4, bias=True)
+    per_layer = (9 * C * C + C) - attn_params(C, C, k=3, heads=4, bias=True)
     assert n_params(conv_head) - n_params(head) == 8 * per_layer
     feats = [torch.randn(1, C, 16 // 2 ** i + 1, 12 // 2 ** i + 1) for i in range(5)]
     with torch.no_grad():

@@ -7,7 +7,8 @@ defaults, read by ``sasa_layer_kwargs``), written out so that each can be overri
 The other rows of Table 2 apply, in a twin: ``attention_stem(model)`` (the spatially-aware
 attention stem), ``attention_fpn(model)`` and ``attention_head(model)`` (SASA's attentional FPN
 and RetinaNet head). Their attention options follow ``model.backbone.bottom_up.attention`` (as
-``MODEL.SASA.*`` drives all of them), by interpolation.
+``MODEL.SASA.*`` drives all of them), by interpolation; the head's window is its own
+(``MODEL.SASA.HEAD_KERNEL_SIZE``).
 """
 from detectron2.config import LazyCall as L
 
@@ -65,5 +66,5 @@ def attention_fpn(model):
 def attention_head(model):
     """MODEL.RETINANET.HEAD_NAME "AttentionRetinaNetHead": the towers' 3x3 convs as local attention."""
     model.head._target_ = AttentionRetinaNetHead
-    model.head.update(_follow_backbone("head"))
+    model.head.update(_follow_backbone("head"), kernel_size=_sa.HEAD_KERNEL_SIZE)  # MODEL.SASA.HEAD_KERNEL_SIZE
     return model
