@@ -5,6 +5,7 @@ from ..common.models.sasa_retinanet import attention_fpn, attention_head, attent
 from .trees_SASA_R_26_slim_FPN import dataloader, lr_multiplier, model, optimizer, train
 
 attention_head(attention_fpn(attention_stem(model)))
+model.head.kernel_size = 3  # MODEL.SASA.HEAD_KERNEL_SIZE: the YAML twin says why
 dataloader.train.total_batch_size = 8
 train.update(epochs=58, steps_epochs=[44, 53])
 train.output_dir = "output/demo_sasa_full"
