@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Layer micro-benchmarks of the AA, SASA and HaloNet attention, against straightforward
-implementations and convolutions.
+"""Layer micro-benchmarks of the AA, SASA and HaloNet attention and of SASA's attention stem,
+against straightforward implementations and convolutions.
 
     OMP_NUM_THREADS=1 python tools/benchmark_layers.py --device cpu --output-json out/layers_cpu.json
     python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
@@ -45,6 +45,16 @@ float16 on CUDA, bfloat16 on CPU):
   convolution of the same width and against the SASA layer of the suite above (k = 7, its
   ``auto`` route) at that width (the target: the halo layer at or below the 3x3 conv).
 
+* **Attention stem** (``--suite stem``): :class:`aadet.layers.SpatiallyAwareAttentionStem` at the
+  all-attention demo's training shape (RGB in, 64 out, block 4, 1 head, 4 mixtures, no norm; by
+  default batch 8 and a 256x256 input, the demo's training crop; ``--batch`` / ``--sizes``
+  override, a size being the input's side) on each of its routes (``impl``: ``factorized``,
+  ``projected`` and ``cpp`` -- the fused C++ kernel, what ``auto`` takes on CPU -- on CPU; the
+  PyTorch routes ``factorized`` and ``projected`` on CUDA) against ``convstem``: the conv stem it
+  replaces, Detectron2's ``BasicStem`` without its norm (7x7/2 conv, ReLU, 3x3/2 max pool, same
+  channels and the same ``[B, 64, H/4, W/4]`` output). The input is an image: it needs no
+  gradient, as in training. Not in ``--suite all`` (an image input at its own batch and sides).
+
 Before timing, each naive implementation is checked against ours on a small float64 input.
 """
 
@@ -74,6 +84,7 @@ from aadet_tools.timing import (  # noqa: E402
     run_case_in_subprocess,
     worker_main,
 )
+from aadet.layers.attention_stem import STEM_IMPLS, SpatiallyAwareAttentionStem  # noqa: E402
 from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
 from aadet.layers.functional.reference import (  # noqa: E402
     local_self_attention_2d_unfold,
@@ -89,6 +100,14 @@ SASA_CHANNELS = 256
 NUM_HEADS = 8
 #: The HaloNet suite: width, and HaloNet's block and halo (b = 8, h = 3).
 HALO_CHANNELS, HALO_BLOCK, HALO_HALO = 256, 8, 3
+#: The attention stem suite: the all-attention demo's stem (RGB -> 64, block 4, 1 head, 4 mixtures)
+#: and its training batch and crop (``configs/Demo/trees_SASA_full_attention_R_26_slim.yaml``).
+STEM_IN, STEM_OUT, STEM_BLOCK, STEM_HEADS, STEM_MIXTURES = 3, 64, 4, 1, 4
+STEM_BATCH, STEM_SIZES = 8, (256,)
+#: The stem's routes timed: every ``impl`` but ``"auto"`` on CPU; on CUDA the PyTorch ones (the C++
+#: kernel is CPU-only).
+STEM_ROUTES = tuple(impl for impl in STEM_IMPLS if impl != "auto")
+STEM_CUDA_ROUTES = tuple(impl for impl in STEM_ROUTES if impl != "cpp")
 
 
 # ----------------------------------------------------------------------------- naive references
@@ -131,6 +150,16 @@ def check_references(dtype=torch.float64):
     return {"aa_core": float(aa), "sasa_layer": float(sasa)}
 
 
+def conv_stem(in_channels: int, out_channels: int) -> torch.nn.Module:
+    """Detectron2's ``BasicStem`` without its norm, in plain torch: a 7x7/2 conv (padding 3, no
+    bias), ReLU, a 3x3/2 max pool (padding 1): ``[B, in, H, W]`` -> ``[B, out, H/4, W/4]``."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(in_channels, out_channels, 7, stride=2, padding=3, bias=False),
+        torch.nn.ReLU(inplace=True),
+        torch.nn.MaxPool2d(3, stride=2, padding=1),
+    )
+
+
 # ----------------------------------------------------------------------------- cases
 def aa_depths(fout: int):
     """``(dk, dv)`` of an AA layer with kappa 0.2, nu 0.1, 8 heads (e.g. 128 -> 24, 16)."""
@@ -144,7 +173,8 @@ def naive_aa_bytes(batch: int, side: int) -> int:
 
 
 def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
-    """The cases to measure; on CUDA also the Triton (and AA flex_attention) routes."""
+    """The cases to measure; on CUDA also the Triton (and AA flex_attention) routes, and not the
+    CPU-only C++ kernels of the stem and the HaloNet layer."""
     kernels = ("triton",) if cuda else ()  # SASA's GPU kernel
     cases = []
     for s in sizes:
@@ -178,6 +208,10 @@ def plan_cases(suites, sizes, batch, max_naive_bytes, cuda=False):
                 cases.append(
                     dict(suite="halo", kind="layer", impl=impl, side=s, channels=HALO_CHANNELS)
                 )
+        if "stem" in suites:  # side: the input image's
+            for impl in (STEM_CUDA_ROUTES if cuda else STEM_ROUTES) + ("convstem",):
+                cases.append(dict(suite="stem", kind="layer", impl=impl, side=s, channels=STEM_OUT,
+                                  in_channels=STEM_IN))
     return cases
 
 
@@ -204,9 +238,19 @@ def _make_work(case, batch, device, dtype):
             )
         params = []
     else:
-        x = torch.randn(batch, c, s, s, device=device, dtype=dtype, requires_grad=True)
+        if case["suite"] == "stem":  # an image: no gradient wanted, as in training
+            x = torch.randn(batch, case["in_channels"], s, s, device=device, dtype=dtype)
+        else:
+            x = torch.randn(batch, c, s, s, device=device, dtype=dtype, requires_grad=True)
         tensors = [x]
-        if case["suite"] == "aa":
+        if case["suite"] == "stem" and case["impl"] == "convstem":
+            mod = conv_stem(case["in_channels"], c)
+        elif case["suite"] == "stem":
+            mod = SpatiallyAwareAttentionStem(
+                case["in_channels"], c, block_size=STEM_BLOCK, num_heads=STEM_HEADS,
+                num_mixtures=STEM_MIXTURES, norm="", impl=case["impl"],
+            )
+        elif case["suite"] == "aa":
             import aadet.layers.augmented_conv as aa_module
 
             impl = case["impl"] if case["impl"] in ("cpp", "fused") else "auto"
@@ -270,7 +314,7 @@ RATIO_METRICS = {"time": "median_s", "cpu_time": "cpu_median_s", "peak_mem": "pe
 
 def add_ratios(results):
     """AA: ratios to the naive case of the same kind and size; SASA: to the 3x3 conv and unfold;
-    HaloNet: to the 3x3 conv and the SASA layer."""
+    HaloNet: to the 3x3 conv and the SASA layer; the attention stem: to the conv stem."""
     by = index_results(results, key=_key)
     for r in results:
         if "median_s" not in r:
@@ -279,6 +323,7 @@ def add_ratios(results):
             "aa": {"naive": ("aa", r["kind"], "naive")},
             "sasa": {"conv3x3": ("sasa", "layer", "conv3x3"), "unfold": ("sasa", "layer", "unfold")},
             "halo": {"conv3x3": ("halo", "layer", "conv3x3"), "sasa": ("halo", "layer", "sasa")},
+            "stem": {"convstem": ("stem", "layer", "convstem")},
         }[r["suite"]]
         r["ratios"] = {}
         for name, k in refs.items():
@@ -307,11 +352,26 @@ def build_parser():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--suite", choices=("aa", "sasa", "halo", "all"), default="all")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--batch", type=int, default=1, help="batch (default 1; e.g. 8 on a GPU)")
     p.add_argument(
-        "--sizes", type=int, nargs="+", default=[80, 40, 20], help="map sides (default 80 40 20)"
+        "--suite",
+        choices=("aa", "sasa", "halo", "stem", "all"),
+        default="all",
+        help="all: aa, sasa and halo (default); the stem runs alone, at its own batch and sides",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"batch (default 1, --suite stem {STEM_BATCH}; e.g. 8 on a GPU)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="map sides (default 80 40 20); --suite stem: input sides (default "
+        f"{' '.join(map(str, STEM_SIZES))})",
     )
     p.add_argument(
         "--warmup", type=int, default=None, help="untimed iterations (default 1 CPU, 10 CUDA)"
@@ -347,6 +407,17 @@ def build_parser():
     return p
 
 
+def suites_sizes_batch(args):
+    """The suites of ``--suite`` (``all``: aa, sasa and halo), the sizes and the batch: those
+    given, else the defaults (80 40 20 and batch 1; the stem suite: :data:`STEM_SIZES`,
+    :data:`STEM_BATCH`)."""
+    suites = ("aa", "sasa", "halo") if args.suite == "all" else (args.suite,)
+    stem = suites == ("stem",)
+    sizes = args.sizes if args.sizes is not None else (list(STEM_SIZES) if stem else [80, 40, 20])
+    batch = args.batch if args.batch is not None else (STEM_BATCH if stem else 1)
+    return suites, sizes, batch
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:  # one case, in its own process; CUDA OOM is reported in the table
@@ -359,16 +430,16 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 1)
     iters = args.iters if args.iters is not None else (30 if cuda else 3)
     max_gib = args.max_naive_gib if args.max_naive_gib is not None else (math.inf if cuda else 6.0)
-    suites = ("aa", "sasa", "halo") if args.suite == "all" else (args.suite,)
-    if len(set(args.sizes)) != len(args.sizes):
-        raise SystemExit(f"--sizes lists a size more than once: {args.sizes}")
+    suites, sizes, batch = suites_sizes_batch(args)
+    if len(set(sizes)) != len(sizes):
+        raise SystemExit(f"--sizes lists a size more than once: {sizes}")
     with torch.no_grad():
         ref = check_references()
     if max(ref.values()) > 1e-9:
         raise SystemExit(f"naive references disagree with aadet's implementations: {ref}")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
-    cases = plan_cases(suites, args.sizes, args.batch, max_gib * 2**30, cuda=cuda)
+    cases = plan_cases(suites, sizes, batch, max_gib * 2**30, cuda=cuda)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_layers_") as tmp:
         for i in range(args.rounds):
@@ -382,7 +453,7 @@ def main(argv=None) -> int:
                 spec = dict(
                     case=case,
                     device=str(device),
-                    batch=args.batch,
+                    batch=batch,
                     warmup=warmup,
                     iters=iters,
                     amp=args.amp,
@@ -398,7 +469,7 @@ def main(argv=None) -> int:
     add_ratios(results)
     report = dict(
         device=str(device),
-        batch=args.batch,
+        batch=batch,
         warmup=warmup,
         iters=iters,
         rounds=args.rounds,

@@ -264,6 +264,34 @@ def test_benchmark_layers_halo_ratios_and_table():
     assert "| 40x40, C=256 | HaloSelfAttention2d, ours (fused SDPA) | 1000.0 | 1000.0 | 0.50 | 0.17 |" in md
 
 
+def test_benchmark_layers_stem_ratios_and_table():
+    """The attention stem's suite: each route against the conv stem of the same input."""
+    benchmark_layers = load_tool("benchmark_layers")
+
+    def case(impl, median, cpu, peak):
+        return dict(suite="stem", kind="layer", impl=impl, side=256, channels=64, in_channels=3,
+                    **_timed(median, cpu, peak))  # fmt: skip
+
+    results = [case("factorized", 3.0, 3.0, 40), case("projected", 4.0, 2.0, 60), case("cpp", 1.0, 1.0, 20),
+               case("convstem", 0.5, 0.5, 10)]
+    benchmark_layers.add_ratios(results)
+    assert results[0]["ratios"] == {"convstem": {"time": 6.0, "cpu_time": 6.0, "peak_mem": 4.0}}
+    assert results[1]["ratios"] == {"convstem": {"time": 8.0, "cpu_time": 4.0, "peak_mem": 6.0}}
+    assert results[3]["ratios"] == {"convstem": {"time": 1.0, "cpu_time": 1.0, "peak_mem": 1.0}}
+    env = {"device_name": "Test CPU", "torch": torch.__version__, "torch_threads": 1}
+    md = render_layer_tables(dict(device="cpu", batch=8, amp=False, iters=3, warmup=1, env=env,
+                                  reference_check={"sasa": 1e-12}, results=results))
+    assert "Batch 8" in md
+    assert ("**Attention stem: SpatiallyAwareAttentionStem (block 4, 1 head, 4 mixtures, no norm) vs the conv "
+            "stem (7x7/2 conv, 3x3/2 max pool, no norm), by input side**") in md
+    assert ("| Map, width | Implementation | fwd+bwd ms | CPU ms | time × convstem | peak MiB | mem × convstem |"
+            in md)
+    ours = "| 256x256, C=3->64 | SpatiallyAwareAttentionStem, ours"
+    assert f"{ours} (C++ kernel) | 1000.0 | 1000.0 | 2.00 | 0 | 2.00 |" in md
+    assert f"{ours} (projected) | 4000.0 | 2000.0 | 8.00 | 0 | 6.00 |" in md
+    assert "| 256x256, C=3->64 | conv stem (7x7/2 conv, 3x3/2 max pool) | 500.0 | 500.0 | 1.00 | 0 | 1.00 |" in md
+
+
 def test_benchmark_layers_rounds_and_their_ratio_range():
     """Rounds of the layer suite: each case's time is the median of its rounds, a case that failed
     in a round is reported failed, and the report's layer rows carry each round's ratio range."""
@@ -397,6 +425,37 @@ def test_layer_benchmark_halo_case_runs(impl):
     spec = dict(case=case, device="cpu", batch=1, warmup=0, iters=1, amp=False, threads=None)
     r = tool.run_case(spec)
     assert r["median_s"] > 0 and r["peak_bytes"] >= 0
+
+
+def test_layer_benchmark_stem_suite_plans_its_routes_at_its_own_shape():
+    """``--suite stem``: every route of the stem but ``auto`` on CPU, the PyTorch ones on CUDA, then
+    the conv stem; by default the demo's training batch and crop, which --batch / --sizes override;
+    ``--suite all`` leaves it out."""
+    tool = load_tool("benchmark_layers")
+    assert [c["impl"] for c in tool.plan_cases(["stem"], [256], 8, 0)] == [
+        "factorized", "projected", "cpp", "convstem"]
+    assert [c["impl"] for c in tool.plan_cases(["stem"], [256], 8, 0, cuda=True)] == [
+        "factorized", "projected", "convstem"]
+    assert {(c["side"], c["channels"], c["in_channels"]) for c in tool.plan_cases(["stem"], [256], 8, 0)} == {
+        (256, 64, 3)}
+    parse = lambda *argv: tool.suites_sizes_batch(tool.build_parser().parse_args(argv))  # noqa: E731
+    assert parse("--suite", "stem") == (("stem",), [256], 8)
+    assert parse("--suite", "stem", "--sizes", "64", "32", "--batch", "2") == (("stem",), [64, 32], 2)
+    assert parse() == (("aa", "sasa", "halo"), [80, 40, 20], 1)
+    assert parse("--suite", "halo", "--batch", "4") == (("halo",), [80, 40, 20], 4)
+
+
+@pytest.mark.parametrize("impl", ["factorized", "projected", "cpp", "convstem"])
+def test_layer_benchmark_stem_case_runs(impl):
+    """A tiny case of each stem route and of the conv stem; both stems give the same output size."""
+    tool = load_tool("benchmark_layers")
+    case = dict(suite="stem", kind="layer", impl=impl, side=18, channels=8, in_channels=3)
+    spec = dict(case=case, device="cpu", batch=2, warmup=0, iters=1, amp=False, threads=None)
+    r = tool.run_case(spec)
+    assert r["median_s"] > 0 and r["peak_bytes"] >= 0
+    x = torch.randn(2, 3, 18, 18)
+    attention = tool.SpatiallyAwareAttentionStem(3, 8, num_heads=1, norm="", impl="factorized")
+    assert attention(x).shape == tool.conv_stem(3, 8)(x).shape == (2, 8, 5, 5)
 
 
 @pytest.mark.slow  # a subprocess building and timing a demo model

@@ -2,7 +2,8 @@
 print and what ``tools/update_docs.py`` renders into BENCHMARKS.md from the committed runs.
 
 * :func:`render_model_table`: ``tools/benchmark.py`` (training step and inference of configs);
-* :func:`render_layer_tables`: ``tools/benchmark_layers.py`` (the AA, SASA and HaloNet layers);
+* :func:`render_layer_tables`: ``tools/benchmark_layers.py`` (the AA, SASA and HaloNet layers and
+  SASA's attention stem);
 * :func:`render_profile_parts`, :func:`render_profile_ops`: ``tools/profile_step.py`` (where a
   training step spends its time);
 * :func:`spread_line`: the spread of the timed iterations of a run.
@@ -132,12 +133,17 @@ _LABELS = {
     ("halo", "layer", "fused"): "HaloSelfAttention2d, ours (fused SDPA)",
     ("halo", "layer", "sasa"): "LocalSelfAttention2d k 7, auto",
     ("halo", "layer", "conv3x3"): "3x3 conv",
+    ("stem", "layer", "factorized"): "SpatiallyAwareAttentionStem, ours (factorized)",
+    ("stem", "layer", "projected"): "SpatiallyAwareAttentionStem, ours (projected)",
+    ("stem", "layer", "cpp"): "SpatiallyAwareAttentionStem, ours (C++ kernel)",
+    ("stem", "layer", "convstem"): "conv stem (7x7/2 conv, 3x3/2 max pool)",
 }
 
 
 def render_layer_tables(report: dict) -> str:
     """``tools/benchmark_layers.py``'s report: one markdown table per suite (AA: ratios to the naive
-    implementation; SASA: to a 3x3 conv and to ``unfold``; HaloNet: to a 3x3 conv and to SASA)."""
+    implementation; SASA: to a 3x3 conv and to ``unfold``; HaloNet: to a 3x3 conv and to SASA; the
+    attention stem: to the conv stem, its rows sized by input side and ``C=in->out``)."""
     rounds = report.get("rounds", 1)
     median = (f"median of {report['iters']} after {report['warmup']} warm-up" if rounds == 1 else
               f"{rounds} rounds over the cases in turn, each case in each round {report['iters']} "
@@ -149,13 +155,16 @@ def render_layer_tables(report: dict) -> str:
         "max abs diff naive vs ours): "
         f"{', '.join(f'{k} {v:.1e}' for k, v in report['reference_check'].items())}.\n"
     ]
-    for suite, refs in (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold")), ("halo", ("conv3x3", "sasa"))):
+    suites = (("aa", ("naive",)), ("sasa", ("conv3x3", "unfold")), ("halo", ("conv3x3", "sasa")),
+              ("stem", ("convstem",)))
+    for suite, refs in suites:
         rows = []
         for r in report["results"]:
             if r.get("suite") != suite:
                 continue
             label = _LABELS[(r["suite"], r["kind"], r["impl"])]
-            size = f"{r['side']}x{r['side']}, C={r['channels']}"
+            width = f"{r['in_channels']}->{r['channels']}" if "in_channels" in r else r["channels"]
+            size = f"{r['side']}x{r['side']}, C={width}"
             if "median_s" not in r:
                 why = r.get("skipped") or ("error: " + r.get("error", "?"))
                 rows.append([size, label, why] + [""] * (2 + 2 * len(refs)))
@@ -171,6 +180,8 @@ def render_layer_tables(report: dict) -> str:
             "aa": "AA: relative self-attention (core) and AugmentedConv2d (kappa 0.2, nu 0.1, 8 heads)",
             "sasa": "SASA: LocalSelfAttention2d (k 7, 8 heads) vs 3x3 conv and unfold",
             "halo": "HaloNet: HaloSelfAttention2d (b 8, h 3, 8 heads) vs 3x3 conv and SASA (k 7)",
+            "stem": "Attention stem: SpatiallyAwareAttentionStem (block 4, 1 head, 4 mixtures, no norm) "
+            "vs the conv stem (7x7/2 conv, 3x3/2 max pool, no norm), by input side",
         }[suite]
         headers = (
             ["Map, width", "Implementation", "fwd+bwd ms", "CPU ms"]
