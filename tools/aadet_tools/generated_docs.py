@@ -58,6 +58,7 @@ BENCHMARK_RUNS: Dict[str, tuple] = {
     "layers-aa": ("layers_aa_cpu.json", render_layer_tables),
     "layers-aa20": ("layers_aa20_cpu.json", render_layer_tables),
     "layers-halo": ("layers_halo_cpu.json", render_layer_tables),
+    "layers-stem": ("layers_stem_cpu.json", render_layer_tables),
     "profile": ("profile_demo_cpu.json", lambda r: render_profile_parts(r) + "\n" + render_profile_ops(r)),
 }
 
