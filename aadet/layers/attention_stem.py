@@ -191,7 +191,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         export, no kernel) ``"factorized"`` where :attr:`factorized`, ``"projected"`` otherwise."""
         if self.impl != "auto":
             return self.impl
-        if torch.device(device).type == "cpu" and not is_exporting() and stem_cpp.available():
+        if torch.device(device).type == "cpu" and not is_exporting() and stem_cpp.KERNEL.available():
             return "cpp"
         return "factorized" if self.factorized else "projected"
 

@@ -38,7 +38,7 @@ _SCRIPTS = {
     "stem": ("factorized", """
         from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
         x = torch.randn(1, 3, 9, 6, dtype=torch.float64)
-        route = SpatiallyAwareAttentionStem(3, 16).route
+        route = SpatiallyAwareAttentionStem(3, 16).route()
         def fn(impl):
             torch.manual_seed(0)
             return SpatiallyAwareAttentionStem(3, 16, norm="", impl=impl).double()(x)

@@ -50,8 +50,8 @@ BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 
 
 def _max_error(kind):
-    if kind.startswith("stem_cpp") and not stem_cpp.available():
-        pytest.skip(f"the stem's C++ kernel is unavailable: {stem_cpp.build_error()}")
+    if kind.startswith("stem_cpp") and not stem_cpp.KERNEL.available():
+        pytest.skip(f"the stem's C++ kernel is unavailable: {stem_cpp.KERNEL.build_error()}")
     make, reference = MODULES[kind]
     torch.manual_seed(0)
     module = make().double()

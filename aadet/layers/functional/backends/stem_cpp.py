@@ -20,7 +20,7 @@ Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) or fl
 exactness tests), with autocast off.
 
 Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
-cannot be built, :func:`available` is False and ``impl="cpp"`` raises with the build error. A
+cannot be built, ``KERNEL.available()`` is False and ``impl="cpp"`` raises with the build error. A
 custom autograd Function does not export (tracing or ONNX).
 """
 from typing import Optional
@@ -30,25 +30,11 @@ from torch.autograd.function import once_differentiable
 
 from .cpu_kernels import KERNELS
 
-__all__ = ["KERNEL", "available", "build", "build_error", "cpp_stem_attention"]
+__all__ = ["KERNEL", "cpp_stem_attention"]
 
-#: The kernel (built on first use: :mod:`.cpu_kernels`).
+#: The kernel (built on first use: :mod:`.cpu_kernels`; ``KERNEL.available()``,
+#: ``KERNEL.build_error()``).
 KERNEL = KERNELS["stem"]
-
-
-def build(verbose: bool = False):
-    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
-    return KERNEL.build(verbose)
-
-
-def available() -> bool:
-    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
-    return KERNEL.available()
-
-
-def build_error() -> Optional[str]:
-    """Why the kernel is unavailable (None if it is available or was not tried)."""
-    return KERNEL.build_error()
 
 
 class _StemCpp(torch.autograd.Function):

@@ -98,4 +98,17 @@ inline void exp_inplace(double* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
+// Y [I, Ps] (+)= A X: Y[i, p] (+)= sum_j A[i ai + j aj] X[j, p] (X: J rows of Ps values, Ps a
+// whole number of Bytes-wide vectors): small weight or table products over a block's pixels.
+template <int Bytes, typename T, bool kAccumulate>
+inline void small_product(int64_t I, int64_t J, int64_t Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
+  using V = Vec<T, Bytes>;
+  for (int64_t p = 0; p < Ps; p += V::L)
+    for (int64_t i = 0; i < I; ++i) {
+      typename V::type acc = kAccumulate ? V::load(Y + i * Ps + p) : V::zero();
+      for (int64_t j = 0; j < J; ++j) acc += A[i * ai + j * aj] * V::load(X + j * Ps + p);
+      V::store(Y + i * Ps + p, acc);
+    }
+}
+
 }  // namespace aadet_cpu

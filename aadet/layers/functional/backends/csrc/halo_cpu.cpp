@@ -183,17 +183,10 @@ inline void scatter(const T* src, int ld, int64_t C, int64_t Hm, int64_t Wm, int
     }
 }
 
-// Y [I, Ps] (+)= A X: Y[i, p] (+)= sum_j A[i ai + j aj] X[j, p] (X: J rows of Ps queries). The
-// position tables (A = an embedding, X = a half of the block's queries) and their share of dQ.
+// Y [I, Ps] (+)= A X over a block's Ps pixels (cpu_simd.h), on this file's vector width.
 template <typename T, bool kAccumulate>
-inline void small_product(int I, int J, int Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
-  using V = Vec<T>;
-  for (int p = 0; p < Ps; p += V::L)
-    for (int i = 0; i < I; ++i) {
-      typename V::type acc = kAccumulate ? V::load(Y + i * Ps + p) : V::zero();
-      for (int j = 0; j < J; ++j) acc += A[i * ai + j * aj] * V::load(X + j * Ps + p);
-      V::store(Y + i * Ps + p, acc);
-    }
+inline void small_product(int64_t I, int64_t J, int64_t Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
+  aadet_cpu::small_product<kBytes, T, kAccumulate>(I, J, Ps, A, ai, aj, X, Y);
 }
 
 // G[i, j, :] += X[i, :] * Y[j, :] summed over the vectors of the Ps queries: lane-wise partial

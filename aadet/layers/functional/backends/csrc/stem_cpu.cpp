@@ -109,16 +109,10 @@ inline void scatter(const Geometry& g, const Block& k, const T* src, int64_t C, 
     }
 }
 
-// Y [I, Ps] (+)= A X: Y[i, p] (+)= sum_j A[i ai + j aj] X[j, p] (X: J rows of Ps queries).
+// Y [I, Ps] (+)= A X over a block's Ps pixels (cpu_simd.h), on this file's vector width.
 template <typename T, bool kAccumulate>
-inline void small_product(int64_t I, int64_t J, int Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
-  using V = Vec<T>;
-  for (int p = 0; p < Ps; p += V::L)
-    for (int64_t i = 0; i < I; ++i) {
-      typename V::type acc = kAccumulate ? V::load(Y + i * Ps + p) : V::zero();
-      for (int64_t j = 0; j < J; ++j) acc += A[i * ai + j * aj] * V::load(X + j * Ps + p);
-      V::store(Y + i * Ps + p, acc);
-    }
+inline void small_product(int64_t I, int64_t J, int64_t Ps, const T* A, int64_t ai, int64_t aj, const T* X, T* Y) {
+  aadet_cpu::small_product<kBytes, T, kAccumulate>(I, J, Ps, A, ai, aj, X, Y);
 }
 
 // G[i ldg + j] += sum_p X[i, p] Y[j, p] (Ps queries): the weights' gradients.
