@@ -84,7 +84,7 @@ from aadet_tools.timing import (  # noqa: E402
     run_case_in_subprocess,
     worker_main,
 )
-from aadet.layers.attention_stem import STEM_IMPLS, SpatiallyAwareAttentionStem  # noqa: E402
+from aadet.layers.attention_stem import STEM_ROUTES, SpatiallyAwareAttentionStem  # noqa: E402
 from aadet.layers.augmented_conv import AugmentedConv2d, attention_depth  # noqa: E402
 from aadet.layers.functional.reference import (  # noqa: E402
     local_self_attention_2d_unfold,
@@ -106,7 +106,6 @@ STEM_IN, STEM_OUT, STEM_BLOCK, STEM_HEADS, STEM_MIXTURES = 3, 64, 4, 1, 4
 STEM_BATCH, STEM_SIZES = 8, (256,)
 #: The stem's routes timed: every ``impl`` but ``"auto"`` on CPU; on CUDA the PyTorch ones (the C++
 #: kernel is CPU-only).
-STEM_ROUTES = tuple(impl for impl in STEM_IMPLS if impl != "auto")
 STEM_CUDA_ROUTES = tuple(impl for impl in STEM_ROUTES if impl != "cpp")
 
 

@@ -42,7 +42,8 @@ from .functional.blocks import (
 from .functional.checks import check_num_heads, check_one_of, check_positive_int
 from .functional.dispatch import is_exporting
 
-__all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS", "STEM_IMPLS", "STEM_EXPORTABLE_IMPLS"]
+__all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS", "STEM_IMPLS", "STEM_ROUTES",
+           "STEM_EXPORTABLE_IMPLS"]
 
 #: The stem's ``positional_encoding`` values: relative logits inside the block, or none.
 POSITIONAL_ENCODINGS = ("relative", "none")
@@ -51,8 +52,10 @@ POSITIONAL_ENCODINGS = ("relative", "none")
 #: C++ kernel (CPU; :mod:`~aadet.layers.functional.backends.stem_cpp`).
 #: All compute the same numbers (tested against a float64 brute force).
 STEM_IMPLS = ("auto", "factorized", "projected", "cpp")
+#: The routes themselves: what ``"auto"`` chooses from.
+STEM_ROUTES = tuple(impl for impl in STEM_IMPLS if impl != "auto")
 #: The ``impl`` values that trace into plain tensor ops (TorchScript/ONNX export): all but the kernel.
-STEM_EXPORTABLE_IMPLS = ("auto", "factorized", "projected")
+STEM_EXPORTABLE_IMPLS = tuple(impl for impl in STEM_IMPLS if impl != "cpp")
 
 NormSpec = Union[str, None, nn.Module, Callable[[int], nn.Module]]
 
@@ -426,9 +429,12 @@ class SpatiallyAwareAttentionStem(nn.Module):
         out["total"] = sum(out.values())
         return out
 
-    def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
-        """Multiply-adds of the route :meth:`forward` takes on CPU (an estimate to compare with
-        :meth:`flop_count`): blocks padded to whole ``b x b`` blocks, and the extra work of the
+    def implementation_flop_count(
+        self, input_hw: Tuple[int, int], batch: int = 1, route: Optional[str] = None
+    ) -> int:
+        """Multiply-adds of ``route`` (default: ``impl``, and for ``"auto"`` its CPU route
+        ``"cpp"``, whether or not the kernel builds here: counting never builds it), an estimate
+        to compare with :meth:`flop_count`: blocks padded to whole ``b x b`` blocks, and the extra work of the
         route -- factorized (:attr:`factorized`): ``W_Q^T W_K`` (``C C_in^2``), logits as
         ``b^2 C_in``-wide products per head, the ``2b - 1`` offset tables through the input and
         the ``b^2 C_in``-wide output matmul; projected: q, k, v per padded pixel, logits and
@@ -443,7 +449,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         pix = batch * -(-h // s) * s * -(-w // s) * s  # padded to whole blocks
         rel = self.rel_h is not None
         implemented = s * s * self.num_mixtures * c * cin  # the mixed value matrices
-        route = self.route()
+        route = route or (self.impl if self.impl != "auto" else "cpp")
+        check_one_of(route, STEM_ROUTES, "route")
         if route == "cpp":
             d, fact = self.head_channels, self.cpp_factorized
             e = cin if fact else d

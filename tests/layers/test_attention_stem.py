@@ -233,3 +233,23 @@ def test_flop_count_formula():
     f2 = stem.flop_count((8, 12), batch=2)  # the b^2 mixed value matrices: once per call
     assert f2["value_mixing"] == f["value_mixing"]
     assert f2["total"] == 2 * f["total"] - f["value_mixing"]
+
+
+def test_implementation_flop_count_never_builds_the_kernel(monkeypatch):
+    """Counting (analysis, the generated model table) must not depend on a compiler: ``"auto"``
+    counts its CPU route, the C++ kernel's, without asking whether the kernel builds."""
+    from aadet.layers.functional.backends import stem_cpp
+
+    def refuse():
+        raise AssertionError("FLOP counting asked for the kernel")
+
+    monkeypatch.setattr(stem_cpp.KERNEL, "available", refuse)
+    stem = SpatiallyAwareAttentionStem(3, 64, block_size=4, num_mixtures=4)
+    counts = {route: stem.implementation_flop_count((8, 12), route=route)
+              for route in ("cpp", "factorized", "projected")}
+    assert stem.implementation_flop_count((8, 12)) == counts["cpp"]
+    assert len(set(counts.values())) == 3  # each route counts its own work
+    fixed = SpatiallyAwareAttentionStem(3, 64, block_size=4, num_mixtures=4, impl="projected")
+    assert fixed.implementation_flop_count((8, 12)) == counts["projected"]
+    with pytest.raises(ValueError, match="route"):
+        stem.implementation_flop_count((8, 12), route="auto")
