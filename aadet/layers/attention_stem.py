@@ -256,9 +256,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
                 out = blocks_to_map(out, bsz, (h, w), s).to(x.dtype)  # [B, out, H, W]
         if self.norm is not None:
             out = self.norm(out)
-        out = F.relu(out)
         # ceil_mode: the last window may be cut by the border and pools only in-map pixels.
-        return F.max_pool2d(out, kernel_size=s, stride=s, ceil_mode=True)
+        # ReLU after the pooling: max commutes with it (values, and the gradient, which reaches
+        # the window's maximum only where it is positive), and it then runs on a 16x smaller map.
+        return F.relu(F.max_pool2d(out, kernel_size=s, stride=s, ceil_mode=True))
 
     def _head_weights(self, dtype):
         """Scaled ``W_Q``, ``W_K`` ``[Nh, d, in]`` and the per-position value matrices

@@ -134,6 +134,32 @@ def test_stem_forward_matches_brute_force(out_channels, num_heads, impl):
         torch.testing.assert_close(out[:, :, by, bx], ref, rtol=0, atol=1e-12)
 
 
+def test_relu_after_pooling_keeps_values_and_gradients():
+    """The stem pools before its ReLU: the same values and gradients as norm -> ReLU -> pool,
+    here with a negative norm bias, so that whole windows are negative (and get no gradient)."""
+    torch.manual_seed(0)
+    stem = SpatiallyAwareAttentionStem(3, 32, block_size=4, num_heads=2, norm="GN", impl="projected").double()
+    with torch.no_grad():
+        stem.norm.bias.fill_(-0.8)
+        stem.norm.weight.uniform_(-1.5, 1.5)
+    x = torch.randn(2, 3, 10, 7, dtype=D, requires_grad=True)
+    g = torch.randn(2, 32, 3, 2, dtype=D)
+
+    def grads(fn):
+        stem.zero_grad()
+        x.grad = None
+        out = fn()
+        (out * g).sum().backward()
+        return out.detach(), [x.grad.clone()] + [p.grad.clone() for p in stem.parameters()]
+
+    out, got = grads(lambda: stem(x))
+    ref, want = grads(lambda: F.max_pool2d(F.relu(stem.norm(reference_attention(stem, x))), 4, 4, ceil_mode=True))
+    assert 0.1 < (ref == 0).double().mean() < 0.9  # windows with no positive value, and others
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
 @pytest.mark.parametrize("pe", ["relative", "none"])
 def test_stem_routes_agree_values_and_gradients(pe):
     # The factorized and projected routes are the same function of the parameters.
