@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .functional.backends import stem_cpp
-from .functional.backends.stem_cpp import cpp_stem_attention
+from .functional.backends.stem_cpp import cpp_group_norm_relu_pool, cpp_stem_attention
 from .functional.blocks import (
     add_block_relative_logits,
     block_attention_unchecked,
@@ -234,7 +234,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
           :func:`~aadet.layers.functional.block_attention`.
 
         The ``"cpp"`` route (:meth:`_attend_cpp`) is one fused C++ kernel that reads the map and
-        writes ``[B, out, H, W]`` directly, block by block in cache (no block-layout copies).
+        writes ``[B, out, H, W]`` directly, block by block in cache (no block-layout copies);
+        where the norm is a :class:`torch.nn.GroupNorm` (Detectron2's ``"GN"``) or none, the norm,
+        pooling and ReLU then take one more kernel pass
+        (:func:`~aadet.layers.functional.backends.stem_cpp.cpp_group_norm_relu_pool`).
         """
         self._check_input(x)
         bsz, cin, h, w = x.shape
@@ -243,7 +246,11 @@ class SpatiallyAwareAttentionStem(nn.Module):
         route = self.route(x.device)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if route == "cpp":
-                out = self._attend_cpp(x.to(ct)).to(x.dtype)  # [B, out, H, W]
+                out = self._attend_cpp(x.to(ct))  # [B, out, H, W]
+                if self.norm is None or type(self.norm) is nn.GroupNorm:
+                    # norm, pooling and ReLU in one pass over the full-resolution map
+                    return cpp_group_norm_relu_pool(out, self.norm, s).to(x.dtype)
+                out = out.to(x.dtype)
             else:
                 xb = map_to_blocks(x.to(ct), s)  # [N, P, in], N = B * blocks
                 mask = block_padding_mask((h, w), s, x.device)

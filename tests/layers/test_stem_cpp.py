@@ -4,13 +4,16 @@ float64 brute force and the stem's PyTorch routes in values and in the gradients
 of every parameter -- maps cut by the border and maps smaller than a block, 3 or 6 input
 channels, 1 or 2 heads, relative logits or none, blocks of 4 and 2, both of its weight forms --
 on any split of the blocks between threads; ``gradcheck`` on the kernel's own inputs; float32
-within a tolerance; clear errors off CPU, under export and without the kernel. ``auto`` does not
-take it (yet). The exactness tests skip where the kernel cannot be built (the build test says
+within a tolerance; clear errors off CPU, under export and without the kernel; ``auto`` takes it
+on CPU. Its fused group norm, pooling and ReLU (``cpp_group_norm_relu_pool``) equal PyTorch's
+GroupNorm -> max_pool2d -> ReLU in values and gradients, negative ``gamma`` and ties included.
+The exactness tests skip where the kernel cannot be built (the build test says
 why); without a compiler: test_cpu_kernels.py."""
 import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.functional.backends import stem_cpp
@@ -207,3 +210,81 @@ def test_export_check_names_the_stem_key():
     with pytest.raises(ConfigValueError, match="Config key MODEL.SASA.STEM_IMPL must be one of "
                                                r"\('auto', 'factorized', 'projected'\) to export"):
         check_exportable(cfg, "onnx")
+
+
+def _norm_pool_reference(z, norm, b):
+    return F.relu(F.max_pool2d(z if norm is None else norm(z), b, b, ceil_mode=True))
+
+
+def _grads_of(fn, z, norm, g):
+    params = [] if norm is None else [p for p in norm.parameters()]
+    out = fn(z, norm)
+    return out.detach(), torch.autograd.grad(out, [z, *params], g)
+
+
+@pytest.mark.parametrize("hw,b", [((9, 7), 4), ((8, 8), 4), ((5, 6), 2), ((3, 2), 4)])
+@pytest.mark.parametrize("norm_kind", ["gn", "gn_no_affine", "none"])
+def test_fused_norm_pool_relu_matches_pytorch(kernel, hw, b, norm_kind):
+    torch.manual_seed(0)
+    norm = None
+    if norm_kind != "none":
+        norm = torch.nn.GroupNorm(4, 16, affine=norm_kind == "gn").double()
+    if norm_kind == "gn":
+        with torch.no_grad():  # gamma of both signs: windows take the minimum where it is negative
+            norm.weight.copy_(torch.linspace(-1.5, 1.5, 16))
+            norm.bias.uniform_(-0.5, 0.5)
+    z = torch.randn(2, 16, *hw, dtype=D, requires_grad=True)
+    g = torch.randn(2, 16, -(-hw[0] // b), -(-hw[1] // b), dtype=D)
+    out, grads = _grads_of(lambda z, n: stem_cpp.cpp_group_norm_relu_pool(z, n, b), z, norm, g)
+    ref, ref_grads = _grads_of(lambda z, n: _norm_pool_reference(z, n, b), z, norm, g)
+    if norm_kind == "gn":
+        assert 0 < (ref > 0).double().mean() < 1  # windows cut off by the ReLU, and others
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_fused_norm_pool_relu_ties_take_the_first_pixel_as_max_pool2d(kernel):
+    # Windows of equal values (and a tie across rows and columns): the gradient goes to the
+    # first pixel in row-major order, the one max_pool2d picks.
+    z = torch.zeros(1, 1, 8, 8, dtype=D)
+    z[0, 0, 1, 0] = z[0, 0, 0, 2] = 1.0  # window (0, 0): row 0 col 2 comes first
+    z[0, 0, 4:, 4:] = 0.5
+    z.requires_grad_(True)
+    g = torch.ones(1, 1, 2, 2, dtype=D)
+    out, (gz,) = _grads_of(lambda z, n: stem_cpp.cpp_group_norm_relu_pool(z, n, 4), z, None, g)
+    ref, (gz_ref,) = _grads_of(lambda z, n: _norm_pool_reference(z, n, 4), z, None, g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(gz, gz_ref, rtol=0, atol=0)
+    assert gz[0, 0, 0, 2] == 1 and gz[0, 0, 1, 0] == 0 and gz[0, 0, 4, 4] == 1
+
+
+def test_stem_with_group_norm_on_the_cpp_route_equals_the_pytorch_route(kernel):
+    x = torch.randn(2, 3, 10, 9, dtype=D)
+    results = []
+    for impl in ("cpp", "projected"):
+        torch.manual_seed(0)
+        stem = SpatiallyAwareAttentionStem(3, 32, num_heads=2, norm="GN", impl=impl).double()
+        with torch.no_grad():
+            stem.norm.weight.uniform_(-1.5, 1.5)
+            stem.norm.bias.uniform_(-0.3, 0.3)
+        out = stem(x)
+        g = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad(out, list(stem.parameters()), g)
+        results.append((out.detach(), grads))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_fused_norm_pool_relu_in_float32(kernel):
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(8, 32)
+    with torch.no_grad():
+        norm.weight.uniform_(-1.5, 1.5)
+    z = torch.randn(2, 32, 40, 36) * 3 + 5  # a mean far from 0: the moments' float64 accumulators
+    out = stem_cpp.cpp_group_norm_relu_pool(z, norm, 4)
+    ref = _norm_pool_reference(z.double(), norm.double(), 4)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)

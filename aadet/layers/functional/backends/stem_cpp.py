@@ -19,6 +19,15 @@ weights' gradients are summed per chunk of blocks (one per thread), then over th
 Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) or float64 (the
 exactness tests), with autocast off.
 
+The stem's group norm, ReLU and pooling after the attention are fused as well
+(:func:`cpp_group_norm_relu_pool`): a group norm is, per image and channel, an affine map whose
+scale has the sign of the channel's ``gamma``, so the pooled maximum of ``norm(z)`` is the norm of
+each window's maximum of ``z`` (``gamma >= 0``) or minimum (``gamma < 0``), and ReLU commutes
+with the maximum. One kernel pass over ``z`` finds each window's extreme and the per-channel
+moments; the norm's algebra runs, with autograd, on the 16x smaller pooled map; the backward pass
+writes ``dz`` in one pass (the moments' dense term plus each window's chosen pixel). The
+full-resolution normalized and ReLU maps are never written.
+
 Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
 cannot be built, ``KERNEL.available()`` is False and ``impl="cpp"`` raises with the build error. A
 custom autograd Function does not export (tracing or ONNX).
@@ -30,7 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from .cpu_kernels import KERNELS
 
-__all__ = ["KERNEL", "cpp_stem_attention"]
+__all__ = ["KERNEL", "cpp_group_norm_relu_pool", "cpp_stem_attention"]
 
 #: The kernel (built on first use: :mod:`.cpu_kernels`; ``KERNEL.available()``,
 #: ``KERNEL.build_error()``).
@@ -103,3 +112,63 @@ def cpp_stem_attention(
     with torch.autocast(device_type="cpu", enabled=False):
         args = [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
         return _StemCpp.apply(*args, block_size)
+
+
+class _WindowSelect(torch.autograd.Function):
+    """``z [B, O, H, W]``, ``flip [O]`` (bool), ``b`` -> ``sel [B, O, Ho, Wo]`` (each ``b x b``
+    window's maximum, its minimum where ``flip``), ``idx`` (the chosen pixels; no gradient),
+    ``sum``, ``sumsq [B, O]`` (float64: the planes' moments)."""
+
+    @staticmethod
+    def forward(ctx, z, flip, block_size):
+        sel, idx, s1, s2 = KERNEL.extension("cpp").window_select(z, flip, block_size)
+        ctx.save_for_backward(z, idx)
+        ctx.mark_non_differentiable(idx)
+        return sel, idx, s1, s2
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gsel, _gidx, gsum, gsumsq):
+        z, idx = ctx.saved_tensors
+        zeros = torch.zeros(z.shape[:2], dtype=torch.float64)
+        gsel = torch.zeros_like(idx, dtype=z.dtype) if gsel is None else gsel.to(z.dtype).contiguous()
+        gsum = zeros if gsum is None else gsum.contiguous()
+        gsumsq = zeros if gsumsq is None else gsumsq.contiguous()
+        return KERNEL.extension("cpp").window_select_backward(z, idx, gsel, gsum, gsumsq), None, None
+
+
+def cpp_group_norm_relu_pool(z: torch.Tensor, norm: Optional[torch.nn.GroupNorm], block_size: int) -> torch.Tensor:
+    """``relu(max_pool2d(norm(z), b, b, ceil_mode=True))`` with one kernel pass over ``z``.
+
+    Args:
+        z: ``[B, O, H, W]`` CPU tensor, float32 or float64 (the stem's attention output).
+        norm: a :class:`torch.nn.GroupNorm` over the ``O`` channels (its statistics over each
+            group's in-map pixels, its affine parameters if any), or None (pooling and ReLU).
+        block_size: ``b``, the pooling window and stride (windows cut by the border hold the
+            in-map pixels).
+
+    Returns:
+        ``[B, O, ceil(H / b), ceil(W / b)]`` in ``z``'s dtype. Where ``gamma`` is exactly 0 the
+        window's output is ``relu(beta)`` either way, and ``gamma``'s gradient there (a tie of the
+        pooling) is taken at the window's maximum of ``z``.
+    """
+    bsz, o, h, w = z.shape
+    gamma = None if norm is None else norm.weight
+    flip = torch.zeros(o, dtype=torch.bool) if gamma is None else (gamma.detach() < 0).contiguous()
+    with torch.autocast(device_type="cpu", enabled=False):
+        sel, _, s1, s2 = _WindowSelect.apply(z.contiguous(), flip, block_size)
+        if norm is None:
+            return torch.relu(sel)
+        g = norm.num_groups
+        n = (o // g) * h * w
+        mean = s1.view(bsz, g, -1).sum(-1) / n  # [B, G], float64
+        var = (s2.view(bsz, g, -1).sum(-1) / n - mean * mean).clamp_min(0)
+        rstd = (var + norm.eps).rsqrt()
+        scale = rstd.repeat_interleave(o // g, dim=1)  # [B, O]
+        shift = -mean.repeat_interleave(o // g, dim=1) * scale
+        if gamma is not None:
+            scale = scale * gamma.double()
+            shift = shift * gamma.double() + norm.bias.double()
+        # the moments' algebra in float64, the pooled map's in z's dtype
+        y = sel * scale.to(z.dtype)[..., None, None] + shift.to(z.dtype)[..., None, None]
+        return torch.relu(y)

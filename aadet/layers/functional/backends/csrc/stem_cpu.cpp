@@ -43,12 +43,27 @@
 // wq, wk [Nh, e, C]; tr [Nh, 2b - 1, er], tc [Nh, 2b - 1, ec] (empty tensors: no relative
 // terms); wv [b b, C, O] (the value matrices transposed: wv[pos, c, o] = W_V(pos)[o, c]); Nh
 // divides O. float32 and float64 (the exactness tests).
+//
+// The stem's group norm, ReLU and b x b max pooling come after, on its [B, O, H, W] output z. A
+// group norm is, per (image, channel), an affine map z * s + t whose scale has the sign of the
+// channel's gamma, so the pooled maximum of norm(z) is the norm of the window's maximum of z
+// (gamma >= 0) or of its minimum (gamma < 0), and only the pooled windows need normalizing. One
+// pass over z finds each window's extreme and the moments the norm needs:
+//
+//   window_select(z, flip [O] bool, b) -> (sel [B, O, Ho, Wo], idx [B, O, Ho, Wo] int32 (the
+//       pixel y W + x chosen), sum [B, O], sumsq [B, O] (float64 accumulators))
+//   window_select_backward(z, idx, gsel, gsum, gsumsq) -> gz = gsum + 2 gsumsq z, plus gsel at idx
+//
+// Windows cut by the border hold only in-map pixels; ties keep the first pixel in row-major order
+// and NaN wins (as max_pool2d does). The norm's algebra on the small pooled maps is the caller's
+// (autograd), so its gradient reaches z through sel and the moments.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #include "cpu_simd.h"
 
@@ -453,9 +468,131 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor x, torch::Te
   return {gx, total(gwq), total(gwk), total(gtr), total(gtc), total(gwv)};
 }
 
+// One (image, channel) plane [H, W]: the moments (float64) and each window's extreme. Per band
+// of b rows, a vector pass down the rows keeps each column's extreme and its row (colv, coly),
+// then a scalar pass across each window's b columns picks the first pixel in row-major order.
+template <typename T>
+void select_plane(const T* z, int64_t H, int64_t W, int64_t b, bool flip, T* sel, int32_t* idx,
+                  double* sum, double* sumsq, T* colv, int32_t* coly) {
+  using V = aadet_cpu::Vec<T>;
+  using IT = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef IT vi __attribute__((vector_size(sizeof(typename V::type))));
+  double s1 = 0, s2 = 0;
+  for (int64_t y = 0; y < H; ++y) {
+    T r1 = 0, r2 = 0;  // a row in T, then in float64: vectorized, and exact enough (W terms)
+    const T* row = z + y * W;
+    for (int64_t x = 0; x < W; ++x) r1 += row[x], r2 += row[x] * row[x];
+    s1 += r1, s2 += r2;
+  }
+  *sum = s1, *sumsq = s2;
+  const T sign = flip ? T(-1) : T(1);  // the minimum of z is minus the maximum of -z
+  const int64_t Ho = (H + b - 1) / b, Wo = (W + b - 1) / b, Wv = W / V::L * V::L;
+  for (int64_t oy = 0; oy < Ho; ++oy) {
+    const int64_t y0 = oy * b, y1 = std::min(H, y0 + b);
+    int64_t x = 0;
+    for (; x < Wv; x += V::L) {
+      typename V::type best = V::load(z + y0 * W + x) * sign;
+      vi by = vi{} + static_cast<IT>(y0);
+      for (int64_t y = y0 + 1; y < y1; ++y) {
+        const typename V::type v = V::load(z + y * W + x) * sign;
+        const vi take = (v > best) | ((v != v) & (best == best));  // NaN wins, the first one
+        best = take ? v : best;
+        by = take ? (vi{} + static_cast<IT>(y)) : by;
+      }
+      V::store(colv + x, best);
+      for (int l = 0; l < V::L; ++l) coly[x + l] = static_cast<int32_t>(by[l]);
+    }
+    for (; x < W; ++x) {
+      T best = z[y0 * W + x] * sign;
+      int32_t by = static_cast<int32_t>(y0);
+      for (int64_t y = y0 + 1; y < y1; ++y) {
+        const T v = z[y * W + x] * sign;
+        if (v > best || (std::isnan(v) && !std::isnan(best))) best = v, by = static_cast<int32_t>(y);
+      }
+      colv[x] = best, coly[x] = by;
+    }
+    for (int64_t ox = 0; ox < Wo; ++ox) {
+      const int64_t x0 = ox * b, x1 = std::min(W, x0 + b);
+      T best = colv[x0];
+      int64_t bi = coly[x0] * W + x0;
+      for (int64_t xx = x0 + 1; xx < x1; ++xx) {
+        const T v = colv[xx];
+        const int64_t i = coly[xx] * W + xx;
+        const bool nan_v = std::isnan(v), nan_b = std::isnan(best);
+        if ((!nan_b && (v > best || nan_v)) || ((v == best || (nan_v && nan_b)) && i < bi)) best = v, bi = i;
+      }
+      sel[oy * Wo + ox] = best * sign;
+      idx[oy * Wo + ox] = static_cast<int32_t>(bi);
+    }
+  }
+}
+
+std::vector<torch::Tensor> window_select(torch::Tensor z, torch::Tensor flip, int64_t b) {
+  TORCH_CHECK(z.device().is_cpu() && z.dim() == 4 && z.is_contiguous(), "stem_cpu: z must be a contiguous CPU [B, O, H, W] tensor");
+  TORCH_CHECK(b >= 1, "stem_cpu: block size must be >= 1; got ", b);
+  const int64_t B = z.size(0), O = z.size(1), H = z.size(2), W = z.size(3);
+  TORCH_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "stem_cpu: a plane of ", H, "x", W, " is too large");
+  TORCH_CHECK(flip.scalar_type() == torch::kBool && flip.dim() == 1 && flip.size(0) == O && flip.is_contiguous(),
+              "stem_cpu: flip must be a contiguous bool [O] tensor");
+  const int64_t Ho = (H + b - 1) / b, Wo = (W + b - 1) / b;
+  auto sel = torch::empty({B, O, Ho, Wo}, z.options());
+  auto idx = torch::empty({B, O, Ho, Wo}, z.options().dtype(torch::kInt32));
+  auto sum = torch::empty({B, O}, z.options().dtype(torch::kFloat64));
+  auto sumsq = torch::empty({B, O}, z.options().dtype(torch::kFloat64));
+  if (H == 0 || W == 0) return {sel, idx, sum.zero_(), sumsq.zero_()};
+  const bool* fl = flip.data_ptr<bool>();
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "stem_cpu_window_select", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    scalar_t* sp = sel.data_ptr<scalar_t>();
+    int32_t* ip = idx.data_ptr<int32_t>();
+    double* s1 = sum.data_ptr<double>();
+    double* s2 = sumsq.data_ptr<double>();
+    at::parallel_for(0, B * O, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> colv(W);
+      std::vector<int32_t> coly(W);
+      for (int64_t n = begin; n < end; ++n)
+        select_plane<scalar_t>(zp + n * H * W, H, W, b, fl[n % O], sp + n * Ho * Wo, ip + n * Ho * Wo, s1 + n, s2 + n,
+                               colv.data(), coly.data());
+    });
+  });
+  return {sel, idx, sum, sumsq};
+}
+
+torch::Tensor window_select_backward(torch::Tensor z, torch::Tensor idx, torch::Tensor gsel, torch::Tensor gsum,
+                                     torch::Tensor gsumsq) {
+  TORCH_CHECK(z.dim() == 4 && z.is_contiguous() && idx.is_contiguous() && gsel.is_contiguous() &&
+                  gsel.scalar_type() == z.scalar_type() && idx.scalar_type() == torch::kInt32 &&
+                  gsel.sizes() == idx.sizes() && gsum.scalar_type() == torch::kFloat64 &&
+                  gsumsq.scalar_type() == torch::kFloat64 && gsum.is_contiguous() && gsumsq.is_contiguous(),
+              "stem_cpu: window_select_backward got tensors unlike window_select's");
+  const int64_t B = z.size(0), O = z.size(1), HW = z.size(2) * z.size(3);
+  const int64_t windows = idx.size(2) * idx.size(3);
+  auto gz = torch::empty_like(z);
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "stem_cpu_window_select_backward", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    const scalar_t* gp = gsel.data_ptr<scalar_t>();
+    const int32_t* ip = idx.data_ptr<int32_t>();
+    const double* g1 = gsum.data_ptr<double>();
+    const double* g2 = gsumsq.data_ptr<double>();
+    scalar_t* out = gz.data_ptr<scalar_t>();
+    at::parallel_for(0, B * O, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const scalar_t a = static_cast<scalar_t>(g1[n]), c = static_cast<scalar_t>(2 * g2[n]);
+        const scalar_t* zn = zp + n * HW;
+        scalar_t* on = out + n * HW;
+        for (int64_t i = 0; i < HW; ++i) on[i] = a + c * zn[i];
+        for (int64_t w = 0; w < windows; ++w) on[ip[n * windows + w]] += gp[n * windows + w];
+      }
+    });
+  });
+  return gz;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "SASA attention stem forward (CPU)");
   m.def("backward", &backward, "SASA attention stem backward (CPU)");
+  m.def("window_select", &window_select, "each b x b window's max (min where flipped) and the planes' moments (CPU)");
+  m.def("window_select_backward", &window_select_backward, "window_select's backward (CPU)");
 }
