@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .functional.backends import stem_cpp
-from .functional.backends.stem_cpp import cpp_group_norm_relu_pool, cpp_stem_attention
+from .functional.backends.stem_cpp import cpp_stem_attention, cpp_stem_attention_norm_relu_pool
 from .functional.blocks import (
     add_block_relative_logits,
     block_attention_unchecked,
@@ -235,9 +235,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
 
         The ``"cpp"`` route (:meth:`_attend_cpp`) is one fused C++ kernel that reads the map and
         writes ``[B, out, H, W]`` directly, block by block in cache (no block-layout copies);
-        where the norm is a :class:`torch.nn.GroupNorm` (Detectron2's ``"GN"``) or none, the norm,
-        pooling and ReLU then take one more kernel pass
-        (:func:`~aadet.layers.functional.backends.stem_cpp.cpp_group_norm_relu_pool`).
+        where the norm is a :class:`torch.nn.GroupNorm` (Detectron2's ``"GN"``) or none
+        (:attr:`fuses_norm`), the kernel also pools for the norm, and the full-resolution map is
+        never written
+        (:func:`~aadet.layers.functional.backends.stem_cpp.cpp_stem_attention_norm_relu_pool`).
         """
         self._check_input(x)
         bsz, cin, h, w = x.shape
@@ -245,12 +246,10 @@ class SpatiallyAwareAttentionStem(nn.Module):
         ct = torch.promote_types(x.dtype, torch.float32)
         route = self.route(x.device)
         with torch.autocast(device_type=x.device.type, enabled=False):
+            if route == "cpp" and self.fuses_norm:
+                return self._attend_cpp(x.to(ct), pooled=True).to(x.dtype)  # [B, out, H / b, W / b]
             if route == "cpp":
-                out = self._attend_cpp(x.to(ct))  # [B, out, H, W]
-                if self.norm is None or type(self.norm) is nn.GroupNorm:
-                    # norm, pooling and ReLU in one pass over the full-resolution map
-                    return cpp_group_norm_relu_pool(out, self.norm, s).to(x.dtype)
-                out = out.to(x.dtype)
+                out = self._attend_cpp(x.to(ct)).to(x.dtype)  # [B, out, H, W]
             else:
                 xb = map_to_blocks(x.to(ct), s)  # [N, P, in], N = B * blocks
                 mask = block_padding_mask((h, w), s, x.device)
@@ -392,9 +391,11 @@ class SpatiallyAwareAttentionStem(nn.Module):
             tc = self.rel_w.to(dtype).expand(nh, r, self.rel_w.shape[1])
         return wq, wk, tr, tc, w_v.transpose(1, 2)
 
-    def _attend_cpp(self, x: torch.Tensor, factorized: Optional[bool] = None) -> torch.Tensor:
+    def _attend_cpp(self, x: torch.Tensor, factorized: Optional[bool] = None, pooled: bool = False) -> torch.Tensor:
         """``x [B, in, H, W]`` (float32/64, CPU) -> the attention ``[B, out, H, W]`` in the fused C++
-        kernel (:mod:`~aadet.layers.functional.backends.stem_cpp`; built on first use).
+        kernel (:mod:`~aadet.layers.functional.backends.stem_cpp`; built on first use), or with
+        ``pooled`` (the norm a GroupNorm or none) the stem's output after its norm, pooling and
+        ReLU, ``[B, out, ceil(H / b), ceil(W / b)]``, without the full-resolution map.
 
         ``factorized`` (None: :attr:`cpp_factorized`) picks the weights of :meth:`_cpp_weights`;
         both forms give the same numbers.
@@ -404,7 +405,15 @@ class SpatiallyAwareAttentionStem(nn.Module):
         if factorized is None:
             factorized = self.cpp_factorized
         wq, wk, tr, tc, wv = self._cpp_weights(x.dtype, factorized)
+        if pooled:
+            return cpp_stem_attention_norm_relu_pool(x, wq, wk, tr, tc, wv, self.block_size, self.norm)
         return cpp_stem_attention(x, wq, wk, tr, tc, wv, self.block_size)
+
+    @property
+    def fuses_norm(self) -> bool:
+        """Whether the C++ route fuses the norm, pooling and ReLU into its kernel (the norm a
+        :class:`torch.nn.GroupNorm`, Detectron2's ``"GN"``, or none)."""
+        return self.norm is None or type(self.norm) is nn.GroupNorm
 
     #: The :meth:`flop_count` components that are the attention itself: all of them (the stem
     #: applies its ``query``/``key`` weights directly, not as child convolutions), i.e. what

@@ -65,13 +65,18 @@ def _broken_stem(mutation: str, patch) -> None:
         out = stem_module.block_attention_unchecked(q, k, v, rel_h, rel_w, self.block_size, mask)
         return out.transpose(1, 2).reshape(n, p, self.out_channels)
 
-    def broken_attend_map(self, x, factorized=None):  # the "cpp" route: [B, in, H, W] -> [B, out, H, W]
+    def broken_attend_map(self, x, factorized=None, pooled=False):
+        # the "cpp" route: [B, in, H, W] -> [B, out, H, W], or pooled: after norm, pooling and ReLU
         bsz, _, h, w = x.shape
-        mask = stem_module.block_padding_mask((h, w), self.block_size, x.device)
+        b = self.block_size
+        mask = stem_module.block_padding_mask((h, w), b, x.device)
         if mask is not None:
             mask = mask.repeat(bsz, 1, 1, 1)
-        out = broken_attend(self, stem_module.map_to_blocks(x, self.block_size), mask)
-        return stem_module.blocks_to_map(out, bsz, (h, w), self.block_size)
+        out = stem_module.blocks_to_map(broken_attend(self, stem_module.map_to_blocks(x, b), mask), bsz, (h, w), b)
+        if pooled:
+            out = out if self.norm is None else self.norm(out)
+            out = torch.relu(torch.nn.functional.max_pool2d(out, b, b, ceil_mode=True))
+        return out
 
     patch(stem_cls, "forward", broken_forward)
     patch(stem_cls, "_attend_factorized", broken_attend)

@@ -5,15 +5,15 @@ of every parameter -- maps cut by the border and maps smaller than a block, 3 or
 channels, 1 or 2 heads, relative logits or none, blocks of 4 and 2, both of its weight forms --
 on any split of the blocks between threads; ``gradcheck`` on the kernel's own inputs; float32
 within a tolerance; clear errors off CPU, under export and without the kernel; ``auto`` takes it
-on CPU. Its fused group norm, pooling and ReLU (``cpp_group_norm_relu_pool``) equal PyTorch's
-GroupNorm -> max_pool2d -> ReLU in values and gradients, negative ``gamma`` and ties included.
+on CPU. With a GroupNorm or no norm, the route fuses the norm, pooling and ReLU into the kernel
+(``cpp_stem_attention_norm_relu_pool``): values and gradients equal the PyTorch route's GroupNorm
+-> max_pool2d -> ReLU, negative ``gamma`` and norms without affine parameters included.
 The exactness tests skip where the kernel cannot be built (the build test says
 why); without a compiler: test_cpu_kernels.py."""
 import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.functional.backends import stem_cpp
@@ -212,79 +212,86 @@ def test_export_check_names_the_stem_key():
         check_exportable(cfg, "onnx")
 
 
-def _norm_pool_reference(z, norm, b):
-    return F.relu(F.max_pool2d(z if norm is None else norm(z), b, b, ceil_mode=True))
+
+def _stem_with_norm(norm_kind, cin=3, out=16, nh=2, b=4, pe="relative", impl="cpp"):
+    torch.manual_seed(0)
+    norm = {"gn": "GN", "gn_no_affine": lambda c: torch.nn.GroupNorm(4, c, affine=False), "none": ""}[norm_kind]
+    if norm_kind == "gn":
+        norm = lambda c: torch.nn.GroupNorm(4, c)  # noqa: E731
+    stem = SpatiallyAwareAttentionStem(cin, out, block_size=b, num_heads=nh, positional_encoding=pe,
+                                       norm=norm, impl=impl).double()
+    if norm_kind == "gn":
+        with torch.no_grad():  # gamma of both signs: blocks take the minimum where it is negative
+            stem.norm.weight.copy_(torch.linspace(-1.5, 1.5, out))
+            stem.norm.bias.uniform_(-0.5, 0.5)
+    return stem
 
 
-def _grads_of(fn, z, norm, g):
-    params = [] if norm is None else [p for p in norm.parameters()]
-    out = fn(z, norm)
-    return out.detach(), torch.autograd.grad(out, [z, *params], g)
+def _stem_values_and_gradients(stem, x, g):
+    x = x.clone().requires_grad_(True)
+    out = stem(x)
+    grads = torch.autograd.grad(out, [x, *stem.parameters()], g)
+    return out.detach(), grads
 
 
 @pytest.mark.parametrize("hw,b", [((9, 7), 4), ((8, 8), 4), ((5, 6), 2), ((3, 2), 4)])
 @pytest.mark.parametrize("norm_kind", ["gn", "gn_no_affine", "none"])
-def test_fused_norm_pool_relu_matches_pytorch(kernel, hw, b, norm_kind):
-    torch.manual_seed(0)
-    norm = None
-    if norm_kind != "none":
-        norm = torch.nn.GroupNorm(4, 16, affine=norm_kind == "gn").double()
-    if norm_kind == "gn":
-        with torch.no_grad():  # gamma of both signs: windows take the minimum where it is negative
-            norm.weight.copy_(torch.linspace(-1.5, 1.5, 16))
-            norm.bias.uniform_(-0.5, 0.5)
-    z = torch.randn(2, 16, *hw, dtype=D, requires_grad=True)
+@pytest.mark.parametrize("cin,nh,pe", [(3, 2, "relative"), (6, 1, "none"), (6, 4, "relative")])
+def test_fused_norm_pool_relu_equals_the_pytorch_route(kernel, hw, b, norm_kind, cin, nh, pe):
+    """On the C++ route a GroupNorm (or no norm), the pooling and the ReLU are fused into the kernel
+    (the full-resolution map is never written): values and the gradients of the input and every
+    parameter (the norm's too) equal the projected route's GroupNorm -> max_pool2d -> ReLU."""
+    stem = _stem_with_norm(norm_kind, cin=cin, nh=nh, b=b, pe=pe)
+    ref_stem = _stem_with_norm(norm_kind, cin=cin, nh=nh, b=b, pe=pe, impl="projected")
+    ref_stem.load_state_dict(stem.state_dict())
+    assert stem.route() == "cpp" and stem.fuses_norm
+    assert stem.cpp_factorized == (cin * nh <= 16)  # both weight forms
+    x = torch.randn(2, cin, *hw, dtype=D)
     g = torch.randn(2, 16, -(-hw[0] // b), -(-hw[1] // b), dtype=D)
-    out, grads = _grads_of(lambda z, n: stem_cpp.cpp_group_norm_relu_pool(z, n, b), z, norm, g)
-    ref, ref_grads = _grads_of(lambda z, n: _norm_pool_reference(z, n, b), z, norm, g)
+    out, grads = _stem_values_and_gradients(stem, x, g)
+    ref, ref_grads = _stem_values_and_gradients(ref_stem, x, g)
     if norm_kind == "gn":
-        assert 0 < (ref > 0).double().mean() < 1  # windows cut off by the ReLU, and others
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
-
-
-def test_fused_norm_pool_relu_ties_take_the_first_pixel_as_max_pool2d(kernel):
-    # Windows of equal values (and a tie across rows and columns): the gradient goes to the
-    # first pixel in row-major order, the one max_pool2d picks.
-    z = torch.zeros(1, 1, 8, 8, dtype=D)
-    z[0, 0, 1, 0] = z[0, 0, 0, 2] = 1.0  # window (0, 0): row 0 col 2 comes first
-    z[0, 0, 4:, 4:] = 0.5
-    z.requires_grad_(True)
-    g = torch.ones(1, 1, 2, 2, dtype=D)
-    out, (gz,) = _grads_of(lambda z, n: stem_cpp.cpp_group_norm_relu_pool(z, n, 4), z, None, g)
-    ref, (gz_ref,) = _grads_of(lambda z, n: _norm_pool_reference(z, n, 4), z, None, g)
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    torch.testing.assert_close(gz, gz_ref, rtol=0, atol=0)
-    assert gz[0, 0, 0, 2] == 1 and gz[0, 0, 1, 0] == 0 and gz[0, 0, 4, 4] == 1
-
-
-def test_stem_with_group_norm_on_the_cpp_route_equals_the_pytorch_route(kernel):
-    x = torch.randn(2, 3, 10, 9, dtype=D)
-    results = []
-    for impl in ("cpp", "projected"):
-        torch.manual_seed(0)
-        stem = SpatiallyAwareAttentionStem(3, 32, num_heads=2, norm="GN", impl=impl).double()
-        with torch.no_grad():
-            stem.norm.weight.uniform_(-1.5, 1.5)
-            stem.norm.bias.uniform_(-0.3, 0.3)
-        out = stem(x)
-        g = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
-        grads = torch.autograd.grad(out, list(stem.parameters()), g)
-        results.append((out.detach(), grads))
-    (out, grads), (ref, ref_grads) = results
+        assert 0 < (ref > 0).double().mean() < 1  # outputs cut off by the ReLU, and others
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_fused_norm_exact_whatever_blocks_each_thread_takes(kernel, threads):
+    # The moments are summed per chunk of blocks, one chunk per thread.
+    stem, ref_stem = _stem_with_norm("gn"), _stem_with_norm("gn", impl="projected")
+    ref_stem.load_state_dict(stem.state_dict())
+    x = torch.randn(3, 3, 13, 10, dtype=D)
+    g = torch.randn(3, 16, 4, 3, dtype=D)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, grads = _stem_values_and_gradients(stem, x, g)
+    finally:
+        torch.set_num_threads(before)
+    ref, ref_grads = _stem_values_and_gradients(ref_stem, x, g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_other_norms_are_not_fused(kernel):
+    stem = SpatiallyAwareAttentionStem(3, 16, norm=lambda c: torch.nn.BatchNorm2d(c))
+    assert stem.route() == "cpp" and not stem.fuses_norm
+    ref = SpatiallyAwareAttentionStem(3, 16, norm=lambda c: torch.nn.BatchNorm2d(c), impl="projected")
+    ref.load_state_dict(stem.state_dict())
+    x = torch.randn(2, 3, 12, 8)
+    torch.testing.assert_close(stem(x), ref(x), rtol=0, atol=1e-5)
+
+
 def test_fused_norm_pool_relu_in_float32(kernel):
-    torch.manual_seed(0)
-    norm = torch.nn.GroupNorm(8, 32)
+    stem = _stem_with_norm("gn", out=32)
+    x = torch.randn(2, 3, 40, 36, dtype=D) * 3 + 5
+    ref = _stem_with_norm("gn", out=32, impl="projected")
+    ref.load_state_dict(stem.state_dict())
+    want = ref(x)
     with torch.no_grad():
-        norm.weight.uniform_(-1.5, 1.5)
-    z = torch.randn(2, 32, 40, 36) * 3 + 5  # a mean far from 0: the moments' float64 accumulators
-    out = stem_cpp.cpp_group_norm_relu_pool(z, norm, 4)
-    ref = _norm_pool_reference(z.double(), norm.double(), 4)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)
+        got = stem.float()(x.float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5 * max(1.0, float(want.abs().max())))

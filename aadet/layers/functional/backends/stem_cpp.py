@@ -19,14 +19,13 @@ weights' gradients are summed per chunk of blocks (one per thread), then over th
 Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7) or float64 (the
 exactness tests), with autocast off.
 
-The stem's group norm, ReLU and pooling after the attention are fused as well
-(:func:`cpp_group_norm_relu_pool`): a group norm is, per image and channel, an affine map whose
-scale has the sign of the channel's ``gamma``, so the pooled maximum of ``norm(z)`` is the norm of
-each window's maximum of ``z`` (``gamma >= 0``) or minimum (``gamma < 0``), and ReLU commutes
-with the maximum. One kernel pass over ``z`` finds each window's extreme and the per-channel
-moments; the norm's algebra runs, with autograd, on the 16x smaller pooled map; the backward pass
-writes ``dz`` in one pass (the moments' dense term plus each window's chosen pixel). The
-full-resolution normalized and ReLU maps are never written.
+With the stem's group norm, ReLU and pooling (:func:`cpp_stem_attention_norm_relu_pool`) the
+full-resolution output is never written: a group norm is, per image and channel, an affine map
+whose scale has the sign of the channel's ``gamma``, so the pooled maximum of ``norm(z)`` is the
+norm of each block's maximum of ``z`` (``gamma >= 0``) or minimum (``gamma < 0``) -- the pooling
+window is the block -- and ReLU commutes with the maximum. The kernel keeps each block's chosen
+value and pixel per channel and the per-channel moments; the norm's algebra runs, with autograd,
+on the 16x smaller pooled map; backward recomputes each block's output to form its gradient.
 
 Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
 cannot be built, ``KERNEL.available()`` is False and ``impl="cpp"`` raises with the build error. A
@@ -39,7 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from .cpu_kernels import KERNELS
 
-__all__ = ["KERNEL", "cpp_group_norm_relu_pool", "cpp_stem_attention"]
+__all__ = ["KERNEL", "cpp_stem_attention", "cpp_stem_attention_norm_relu_pool"]
 
 #: The kernel (built on first use: :mod:`.cpu_kernels`; ``KERNEL.available()``,
 #: ``KERNEL.build_error()``).
@@ -103,72 +102,89 @@ def cpp_stem_attention(
         ``[B, O, H, W]`` in ``x``'s dtype: every pixel's attention over the in-map pixels of its
         ``b x b`` block.
     """
+    with torch.autocast(device_type="cpu", enabled=False):
+        return _StemCpp.apply(*_kernel_args(x, wq, wk, tr, tc, wv), block_size)
+
+
+
+class _StemCppPooled(torch.autograd.Function):
+    """:class:`_StemCpp`'s inputs and ``flip [O]`` (bool) -> ``sel [B, O, nby, nbx]`` (each block's
+    maximum of the output, its minimum where ``flip``), ``idx`` (the chosen pixels; no gradient)
+    and ``mom [B, O, 2]`` (float64: each output plane's sum and sum of squares)."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, tr, tc, wv, block_size, flip):
+        sel, idx, mom = KERNEL.extension("cpp").forward_pooled(x, wq, wk, tr, tc, wv, block_size, flip)
+        ctx.save_for_backward(x, wq, wk, tr, tc, wv, idx)
+        ctx.block_size = block_size
+        ctx.mark_non_differentiable(idx)
+        return sel, idx, mom
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gsel, _gidx, gmom):
+        x, wq, wk, tr, tc, wv, idx = ctx.saved_tensors
+        need = ctx.needs_input_grad[:6]
+        gsel = torch.zeros_like(idx, dtype=x.dtype) if gsel is None else gsel.to(x.dtype).contiguous()
+        gmom = torch.zeros(idx.shape[:2] + (2,), dtype=torch.float64) if gmom is None else gmom.contiguous()
+        with torch.autocast(device_type="cpu", enabled=False):
+            grads = KERNEL.extension("cpp").backward_pooled(
+                gsel, idx, gmom, x, wq, wk, tr, tc, wv, ctx.block_size,
+                need[0], need[1], need[2], need[3] or need[4], need[5],
+            )
+        return (*(gr if n else None for gr, n in zip(grads, need)), None, None)
+
+
+def _kernel_args(x, wq, wk, tr, tc, wv):
     if x.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {x.device.type} (use impl='auto')")
     if (tr is None) != (tc is None):
         raise ValueError("give both relative tables tr and tc, or neither")
     if tr is None:
         tr = tc = x.new_empty(0)
-    with torch.autocast(device_type="cpu", enabled=False):
-        args = [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
-        return _StemCpp.apply(*args, block_size)
+    return [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
 
 
-class _WindowSelect(torch.autograd.Function):
-    """``z [B, O, H, W]``, ``flip [O]`` (bool), ``b`` -> ``sel [B, O, Ho, Wo]`` (each ``b x b``
-    window's maximum, its minimum where ``flip``), ``idx`` (the chosen pixels; no gradient),
-    ``sum``, ``sumsq [B, O]`` (float64: the planes' moments)."""
-
-    @staticmethod
-    def forward(ctx, z, flip, block_size):
-        sel, idx, s1, s2 = KERNEL.extension("cpp").window_select(z, flip, block_size)
-        ctx.save_for_backward(z, idx)
-        ctx.mark_non_differentiable(idx)
-        return sel, idx, s1, s2
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gsel, _gidx, gsum, gsumsq):
-        z, idx = ctx.saved_tensors
-        zeros = torch.zeros(z.shape[:2], dtype=torch.float64)
-        gsel = torch.zeros_like(idx, dtype=z.dtype) if gsel is None else gsel.to(z.dtype).contiguous()
-        gsum = zeros if gsum is None else gsum.contiguous()
-        gsumsq = zeros if gsumsq is None else gsumsq.contiguous()
-        return KERNEL.extension("cpp").window_select_backward(z, idx, gsel, gsum, gsumsq), None, None
-
-
-def cpp_group_norm_relu_pool(z: torch.Tensor, norm: Optional[torch.nn.GroupNorm], block_size: int) -> torch.Tensor:
-    """``relu(max_pool2d(norm(z), b, b, ceil_mode=True))`` with one kernel pass over ``z``.
+def cpp_stem_attention_norm_relu_pool(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    tr: Optional[torch.Tensor],
+    tc: Optional[torch.Tensor],
+    wv: torch.Tensor,
+    block_size: int,
+    norm: Optional[torch.nn.GroupNorm],
+) -> torch.Tensor:
+    """``relu(max_pool2d(norm(z), b, b, ceil_mode=True))`` of the stem's attention ``z``
+    (:func:`cpp_stem_attention`'s arguments) without writing ``z`` (see the module docstring).
 
     Args:
-        z: ``[B, O, H, W]`` CPU tensor, float32 or float64 (the stem's attention output).
-        norm: a :class:`torch.nn.GroupNorm` over the ``O`` channels (its statistics over each
-            group's in-map pixels, its affine parameters if any), or None (pooling and ReLU).
-        block_size: ``b``, the pooling window and stride (windows cut by the border hold the
-            in-map pixels).
+        norm: a :class:`torch.nn.GroupNorm` over the ``O`` output channels (statistics over each
+            group's in-map pixels; its affine parameters if any), or None (pooling and ReLU).
 
     Returns:
-        ``[B, O, ceil(H / b), ceil(W / b)]`` in ``z``'s dtype. Where ``gamma`` is exactly 0 the
-        window's output is ``relu(beta)`` either way, and ``gamma``'s gradient there (a tie of the
-        pooling) is taken at the window's maximum of ``z``.
+        ``[B, O, ceil(H / b), ceil(W / b)]`` in ``x``'s dtype. Where ``gamma`` is exactly 0 the
+        output is ``relu(beta)`` either way, and ``gamma``'s gradient there (a tie of the pooling)
+        is taken at the block's maximum.
     """
-    bsz, o, h, w = z.shape
+    bsz, _, h, w = x.shape
+    o = wv.shape[-1]
     gamma = None if norm is None else norm.weight
     flip = torch.zeros(o, dtype=torch.bool) if gamma is None else (gamma.detach() < 0).contiguous()
     with torch.autocast(device_type="cpu", enabled=False):
-        sel, _, s1, s2 = _WindowSelect.apply(z.contiguous(), flip, block_size)
+        sel, _, mom = _StemCppPooled.apply(*_kernel_args(x, wq, wk, tr, tc, wv), block_size, flip)
         if norm is None:
             return torch.relu(sel)
         g = norm.num_groups
         n = (o // g) * h * w
-        mean = s1.view(bsz, g, -1).sum(-1) / n  # [B, G], float64
-        var = (s2.view(bsz, g, -1).sum(-1) / n - mean * mean).clamp_min(0)
+        s1, s2 = mom.view(bsz, g, -1, 2).sum(2).unbind(-1)  # [B, G] each
+        mean = s1 / n
+        var = (s2 / n - mean * mean).clamp_min(0)  # E z^2 - (E z)^2 in float64: rounding can go below 0
         rstd = (var + norm.eps).rsqrt()
         scale = rstd.repeat_interleave(o // g, dim=1)  # [B, O]
         shift = -mean.repeat_interleave(o // g, dim=1) * scale
         if gamma is not None:
             scale = scale * gamma.double()
             shift = shift * gamma.double() + norm.bias.double()
-        # the moments' algebra in float64, the pooled map's in z's dtype
-        y = sel * scale.to(z.dtype)[..., None, None] + shift.to(z.dtype)[..., None, None]
-        return torch.relu(y)
+        # the moments' algebra in float64, the pooled map's in x's dtype
+        return torch.relu(sel * scale.to(sel.dtype)[..., None, None] + shift.to(sel.dtype)[..., None, None])

@@ -44,26 +44,27 @@
 // terms); wv [b b, C, O] (the value matrices transposed: wv[pos, c, o] = W_V(pos)[o, c]); Nh
 // divides O. float32 and float64 (the exactness tests).
 //
-// The stem's group norm, ReLU and b x b max pooling come after, on its [B, O, H, W] output z. A
-// group norm is, per (image, channel), an affine map z * s + t whose scale has the sign of the
-// channel's gamma, so the pooled maximum of norm(z) is the norm of the window's maximum of z
-// (gamma >= 0) or of its minimum (gamma < 0), and only the pooled windows need normalizing. One
-// pass over z finds each window's extreme and the moments the norm needs:
+// The stem's group norm, ReLU and b x b max pooling come after, and the pooling window is the
+// attention block. A group norm is, per (image, channel), an affine map z * s + t whose scale has
+// the sign of the channel's gamma, so the pooled maximum of norm(z) is the norm of the block's
+// maximum of z (gamma >= 0) or of its minimum (gamma < 0), and only the pooled values need
+// normalizing. The pooled mode never writes the full-resolution output z: per block it keeps the
+// chosen value and pixel of each channel and adds the block's share of the (image, channel)
+// moments, and its backward recomputes the block's z head by head to form the output gradient
+// dz = gsum + 2 gsumsq z, plus gsel at the chosen pixel:
 //
-//   window_select(z, flip [O] bool, b) -> (sel [B, O, Ho, Wo], idx [B, O, Ho, Wo] int32 (the
-//       pixel y W + x chosen), sum [B, O], sumsq [B, O] (float64 accumulators))
-//   window_select_backward(z, idx, gsel, gsum, gsumsq) -> gz = gsum + 2 gsumsq z, plus gsel at idx
+//   forward_pooled(x, wq, wk, tr, tc, wv, b, flip [O] bool) -> (sel [B, O, nby, nbx], idx (the
+//       chosen pixel y W + x, int32), mom [B, O, 2] (sum and sum of squares, float64))
+//   backward_pooled(gsel, idx, gmom, x, wq, wk, tr, tc, wv, b, need_x, ...) -> as backward
 //
-// Windows cut by the border hold only in-map pixels; ties keep the first pixel in row-major order
-// and NaN wins (as max_pool2d does). The norm's algebra on the small pooled maps is the caller's
-// (autograd), so its gradient reaches z through sel and the moments.
+// Ties keep the block's first pixel in row-major order and NaN wins (as max_pool2d does). The
+// norm's algebra on the pooled values is the caller's (autograd).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 #include "cpu_simd.h"
 
@@ -153,10 +154,8 @@ struct Buffers {
     if (g.rel) {
       TR.resize(g.R * Ps); TC.resize(g.R * Ps); rows.resize(g.b * Ps); cols.resize(g.b * Ps);
     }
-    if (!backward) {
-      OB.resize(g.O * Ps);
-      return;
-    }
+    OB.resize(g.O * Ps);
+    if (!backward) return;
     G.resize(g.O * Ps); DP.resize(g.P * Ps); DQF.resize(g.e * Ps); DKF.resize(g.e * Ps);
     DVT.resize(g.P * g.O); DX.resize(g.C * Ps); delta.resize(Ps);
     if (g.rel) {
@@ -238,31 +237,103 @@ void head_probabilities(const Geometry& g, const Block& k, int64_t h, const T* w
   }
 }
 
+// The pooled output of the norm fusion (see the header): per (image, channel) and window, the
+// chosen value and pixel; per chunk of blocks, the (image, channel) moments.
 template <typename T>
-void forward_kernel(const Geometry& g, const T* x, const T* wq, const T* wk, const T* tr,
-                    const T* tc, const T* wv, T* out) {
+struct Pooled {
+  const bool* flip;  // [O]: the window's minimum instead of its maximum
+  T* sel;            // [B, O, nby, nbx]
+  int32_t* idx;      // [B, O, nby, nbx]: y W + x of the chosen pixel
+  double* mom;       // [chunks, B, O, 2]: sum, sum of squares
+};
+
+// Block k's output OB [O, Ps] into the pooled output (its window is the block).
+template <typename T>
+inline void pool_block(const Geometry& g, const Block& k, const T* OB, int Ps, int64_t chunk, const Pooled<T>& pl) {
+  const int64_t win = (k.n * g.O) * g.nby * g.nbx + k.y0 / g.b * g.nbx + k.x0 / g.b;
+  double* mom = pl.mom + (chunk * g.B + k.n) * g.O * 2;
+  for (int64_t o = 0; o < g.O; ++o) {
+    const T* ob = OB + o * Ps;
+    const T sign = pl.flip[o] ? T(-1) : T(1);  // the minimum is minus the maximum of -z
+    T best = ob[0] * sign;
+    int bp = 0;
+    double s1 = 0, s2 = 0;
+    for (int p = 0; p < k.Pv; ++p) {
+      const T v = ob[p], vs = v * sign;
+      s1 += v, s2 += static_cast<double>(v) * v;
+      if (vs > best || (std::isnan(vs) && !std::isnan(best))) best = vs, bp = p;  // first wins ties
+    }
+    const int64_t w = win + o * g.nby * g.nbx;
+    pl.sel[w] = best * sign;
+    pl.idx[w] = static_cast<int32_t>((k.y0 + k.row(bp)) * g.W + k.x0 + k.col(bp));
+    mom[o * 2] += s1, mom[o * 2 + 1] += s2;
+  }
+}
+
+// OB[o, :] = sum_l VT[l, o] P[l, :] for head h's channels o (P: the head's probabilities in S).
+template <typename T>
+inline void head_output(const Geometry& g, const Block& k, int64_t h, Buffers<T>& B) {
   using V = Vec<T>;
-  at::parallel_for(0, g.blocks(), 1, [&](int64_t begin, int64_t end) {
+  for (int64_t o = h * g.d; o < (h + 1) * g.d; ++o)
+    for (int p = 0; p < k.Ps; p += V::L) {
+      typename V::type acc = V::zero();
+      for (int l = 0; l < k.Pv; ++l) acc += B.VT[l * g.O + o] * V::load(B.S.data() + l * k.Ps + p);
+      V::store(B.OB.data() + o * k.Ps + p, acc);
+    }
+}
+
+// The blocks in `chunks` contiguous chunks, one task each: out [B, O, H, W], or with `pooled`
+// (out null) the pooled output, chunk i adding its moments at slot i.
+template <typename T>
+void forward_kernel(const Geometry& g, int64_t chunks, const T* x, const T* wq, const T* wk, const T* tr,
+                    const T* tc, const T* wv, T* out, const Pooled<T>* pooled) {
+  using V = Vec<T>;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
     Buffers<T> B(g, false);
-    for (int64_t task = begin; task < end; ++task) {
-      const Block k(g, task, V::L);
-      const int Ps = k.Ps;
-      gather(g, k, x, g.C, B.X.data());
-      block_values(g, k, wv, B);
-      for (int64_t h = 0; h < g.Nh; ++h) {
-        head_probabilities(g, k, h, wq, wk, tr, tc, B);
-        // OB[o, :] = sum_l VT[l, o] P[l, :] for the head's channels o
-        for (int64_t o = h * g.d; o < (h + 1) * g.d; ++o)
-          for (int p = 0; p < Ps; p += V::L) {
-            typename V::type acc = V::zero();
-            for (int l = 0; l < k.Pv; ++l) acc += B.VT[l * g.O + o] * V::load(B.S.data() + l * Ps + p);
-            V::store(B.OB.data() + o * Ps + p, acc);
-          }
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t first = g.blocks() * chunk / chunks, last = g.blocks() * (chunk + 1) / chunks;
+      for (int64_t task = first; task < last; ++task) {
+        const Block k(g, task, V::L);
+        gather(g, k, x, g.C, B.X.data());
+        block_values(g, k, wv, B);
+        for (int64_t h = 0; h < g.Nh; ++h) {
+          head_probabilities(g, k, h, wq, wk, tr, tc, B);
+          head_output(g, k, h, B);
+        }
+        if (pooled != nullptr) {
+          pool_block(g, k, B.OB.data(), k.Ps, chunk, *pooled);
+        } else {
+          scatter(g, k, B.OB.data(), g.O, out);
+        }
       }
-      scatter(g, k, B.OB.data(), g.O, out);
     }
   });
+}
+
+// The output gradient of the pooled output, per block (see the header): dz = gsum + 2 gsumsq z,
+// plus gsel at each window's chosen pixel.
+template <typename T>
+struct PooledGrad {
+  const T* gsel;       // [B, O, nby, nbx]
+  const int32_t* idx;  // [B, O, nby, nbx]
+  const double* gmom;  // [B, O, 2]: the gradients of the sum and of the sum of squares
+};
+
+// G[o, :] (head h's channels) from the recomputed OB and the pooled output's gradient.
+template <typename T>
+inline void pooled_output_grad(const Geometry& g, const Block& k, int64_t h, const PooledGrad<T>& pg, Buffers<T>& B) {
+  const int64_t win = (k.n * g.O) * g.nby * g.nbx + k.y0 / g.b * g.nbx + k.x0 / g.b;
+  for (int64_t o = h * g.d; o < (h + 1) * g.d; ++o) {
+    const T a = static_cast<T>(pg.gmom[(k.n * g.O + o) * 2]), c = static_cast<T>(2 * pg.gmom[(k.n * g.O + o) * 2 + 1]);
+    const T* ob = B.OB.data() + o * k.Ps;
+    T* go = B.G.data() + o * k.Ps;
+    for (int p = 0; p < k.Pv; ++p) go[p] = a + c * ob[p];
+    std::fill(go + k.Pv, go + k.Ps, T(0));  // padding queries: dO = 0
+    const int64_t w = win + o * g.nby * g.nbx;
+    const int64_t i = pg.idx[w], iy = i / g.W - k.y0, ix = i % g.W - k.x0;
+    go[iy * k.bw + ix] += pg.gsel[w];
+  }
 }
 
 // Where a chunk of blocks adds its share of the weights' gradients (nullptr: not wanted).
@@ -271,19 +342,26 @@ struct WeightGrads {
   T *wq, *wk, *tr, *tc, *wv;
 };
 
+// One block's backward from the output gradient go [B, O, H, W], or (go null) from the pooled
+// output's gradient pg, for which the block's output is recomputed head by head.
 template <typename T>
-void backward_block(const Geometry& g, const Block& k, const T* go, const T* x, const T* wq, const T* wk,
-                    const T* tr, const T* tc, const T* wv, T* gx, const WeightGrads<T>& gw, Buffers<T>& B) {
+void backward_block(const Geometry& g, const Block& k, const T* go, const PooledGrad<T>* pg, const T* x,
+                    const T* wq, const T* wk, const T* tr, const T* tc, const T* wv, T* gx,
+                    const WeightGrads<T>& gw, Buffers<T>& B) {
   using V = Vec<T>;
   const int Ps = k.Ps;
   T* S = B.S.data();
   T* DP = B.DP.data();
   gather(g, k, x, g.C, B.X.data());
-  gather(g, k, go, g.O, B.G.data());
+  if (pg == nullptr) gather(g, k, go, g.O, B.G.data());
   block_values(g, k, wv, B);
   std::fill(B.DX.begin(), B.DX.end(), T(0));
   for (int64_t h = 0; h < g.Nh; ++h) {
     head_probabilities(g, k, h, wq, wk, tr, tc, B);
+    if (pg != nullptr) {
+      head_output(g, k, h, B);
+      pooled_output_grad(g, k, h, *pg, B);
+    }
     const int64_t o0 = h * g.d;
     // dP[l, :] = sum_o VT[l, o] dO[o, :] and dV[l, o] = sum_p P[l, p] dO[o, p] (the head's o)
     for (int l = 0; l < k.Pv; ++l) {
@@ -372,7 +450,7 @@ void backward_block(const Geometry& g, const Block& k, const T* go, const T* x, 
 // The blocks in `chunks` contiguous chunks, one task each (chunk i adds its weights' gradients
 // at slot i of the accumulators, summed by the caller).
 template <typename T>
-void backward_kernel(const Geometry& g, int64_t chunks, const T* go, const T* x, const T* wq,
+void backward_kernel(const Geometry& g, int64_t chunks, const T* go, const PooledGrad<T>* pg, const T* x, const T* wq,
                      const T* wk, const T* tr, const T* tc, const T* wv, T* gx, T* gwq, T* gwk,
                      T* gtr, T* gtc, T* gwv) {
   using V = Vec<T>;
@@ -386,7 +464,7 @@ void backward_kernel(const Geometry& g, int64_t chunks, const T* go, const T* x,
                               gwv ? gwv + chunk * nv : nullptr};
       const int64_t first = g.blocks() * chunk / chunks, last = g.blocks() * (chunk + 1) / chunks;
       for (int64_t task = first; task < last; ++task) {
-        backward_block(g, Block(g, task, V::L), go, x, wq, wk, tr, tc, wv, gx, gw, B);
+        backward_block(g, Block(g, task, V::L), go, pg, x, wq, wk, tr, tc, wv, gx, gw, B);
       }
     }
   });
@@ -423,29 +501,66 @@ Geometry make_geometry(const torch::Tensor& x, const torch::Tensor& wq, const to
   return g;
 }
 
+int64_t chunks_of(const Geometry& g) {
+  return std::max<int64_t>(1, std::min<int64_t>(g.blocks(), at::get_num_threads()));
+}
+
 torch::Tensor forward(torch::Tensor x, torch::Tensor wq, torch::Tensor wk, torch::Tensor tr,
                       torch::Tensor tc, torch::Tensor wv, int64_t b) {
   const Geometry g = make_geometry(x, wq, wk, tr, tc, wv, b);
   auto out = torch::empty({g.B, g.O, g.H, g.W}, x.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stem_cpu_forward", [&] {
-    forward_kernel<scalar_t>(g, x.data_ptr<scalar_t>(), wq.data_ptr<scalar_t>(), wk.data_ptr<scalar_t>(),
+    forward_kernel<scalar_t>(g, chunks_of(g), x.data_ptr<scalar_t>(), wq.data_ptr<scalar_t>(), wk.data_ptr<scalar_t>(),
                              g.rel ? tr.data_ptr<scalar_t>() : nullptr, g.rel ? tc.data_ptr<scalar_t>() : nullptr,
-                             wv.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
+                             wv.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), nullptr);
   });
   return out;
 }
 
-std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor x, torch::Tensor wq,
-                                    torch::Tensor wk, torch::Tensor tr, torch::Tensor tc,
-                                    torch::Tensor wv, int64_t b, bool need_x, bool need_wq,
-                                    bool need_wk, bool need_rel, bool need_wv) {
+std::vector<torch::Tensor> forward_pooled(torch::Tensor x, torch::Tensor wq, torch::Tensor wk, torch::Tensor tr,
+                                          torch::Tensor tc, torch::Tensor wv, int64_t b, torch::Tensor flip) {
   const Geometry g = make_geometry(x, wq, wk, tr, tc, wv, b);
-  const std::vector<int64_t> out_shape{g.B, g.O, g.H, g.W};
-  TORCH_CHECK(go.is_contiguous() && go.scalar_type() == x.scalar_type() && go.sizes() == c10::IntArrayRef(out_shape),
-              "stem_cpu: grad_out must be contiguous [B, O, H, W] in x's dtype");
+  TORCH_CHECK(g.H * g.W <= std::numeric_limits<int32_t>::max(), "stem_cpu: a map of ", g.H, "x", g.W, " is too large");
+  TORCH_CHECK(flip.scalar_type() == torch::kBool && flip.dim() == 1 && flip.size(0) == g.O && flip.is_contiguous(),
+              "stem_cpu: flip must be a contiguous bool [O] tensor");
+  auto sel = torch::empty({g.B, g.O, g.nby, g.nbx}, x.options());
+  auto idx = torch::empty({g.B, g.O, g.nby, g.nbx}, x.options().dtype(torch::kInt32));
+  const int64_t chunks = chunks_of(g);
+  auto mom = torch::zeros({chunks, g.B, g.O, 2}, x.options().dtype(torch::kFloat64));
+  if (g.blocks() > 0) {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stem_cpu_forward_pooled", [&] {
+      const Pooled<scalar_t> pl{flip.data_ptr<bool>(), sel.data_ptr<scalar_t>(), idx.data_ptr<int32_t>(),
+                                mom.data_ptr<double>()};
+      forward_kernel<scalar_t>(g, chunks, x.data_ptr<scalar_t>(), wq.data_ptr<scalar_t>(), wk.data_ptr<scalar_t>(),
+                               g.rel ? tr.data_ptr<scalar_t>() : nullptr, g.rel ? tc.data_ptr<scalar_t>() : nullptr,
+                               wv.data_ptr<scalar_t>(), nullptr, &pl);
+    });
+  }
+  return {sel, idx, mom.sum(0)};
+}
+
+std::vector<torch::Tensor> backward_any(const torch::Tensor* go, const torch::Tensor* gsel, const torch::Tensor* idx,
+                                        const torch::Tensor* gmom, torch::Tensor x, torch::Tensor wq, torch::Tensor wk,
+                                        torch::Tensor tr, torch::Tensor tc, torch::Tensor wv, int64_t b, bool need_x,
+                                        bool need_wq, bool need_wk, bool need_rel, bool need_wv) {
+  const Geometry g = make_geometry(x, wq, wk, tr, tc, wv, b);
+  if (go != nullptr) {
+    const std::vector<int64_t> out_shape{g.B, g.O, g.H, g.W};
+    TORCH_CHECK(go->is_contiguous() && go->scalar_type() == x.scalar_type() && go->sizes() == c10::IntArrayRef(out_shape),
+                "stem_cpu: grad_out must be contiguous [B, O, H, W] in x's dtype");
+  } else {
+    const std::vector<int64_t> pooled_shape{g.B, g.O, g.nby, g.nbx}, mom_shape{g.B, g.O, 2};
+    TORCH_CHECK(gsel->is_contiguous() && gsel->scalar_type() == x.scalar_type() &&
+                    gsel->sizes() == c10::IntArrayRef(pooled_shape) && idx->is_contiguous() &&
+                    idx->scalar_type() == torch::kInt32 && idx->sizes() == c10::IntArrayRef(pooled_shape) &&
+                    gmom->is_contiguous() && gmom->scalar_type() == torch::kFloat64 &&
+                    gmom->sizes() == c10::IntArrayRef(mom_shape),
+                "stem_cpu: the pooled gradients must be contiguous gsel, idx [B, O, nby, nbx] (x's dtype, int32) and "
+                "gmom [B, O, 2] (float64)");
+  }
   need_rel = need_rel && g.rel;
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(g.blocks(), at::get_num_threads()));
+  const int64_t chunks = chunks_of(g);
   auto acc = [&](bool need, std::initializer_list<int64_t> shape) {
     std::vector<int64_t> s{chunks};
     s.insert(s.end(), shape);
@@ -458,8 +573,10 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor x, torch::Te
   if (g.blocks() > 0) {
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stem_cpu_backward", [&] {
       auto ptr = [](torch::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
-      backward_kernel<scalar_t>(g, chunks, go.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                                wq.data_ptr<scalar_t>(), wk.data_ptr<scalar_t>(),
+      PooledGrad<scalar_t> pg{};
+      if (go == nullptr) pg = {gsel->data_ptr<scalar_t>(), idx->data_ptr<int32_t>(), gmom->data_ptr<double>()};
+      backward_kernel<scalar_t>(g, chunks, go ? go->data_ptr<scalar_t>() : nullptr, go ? nullptr : &pg,
+                                x.data_ptr<scalar_t>(), wq.data_ptr<scalar_t>(), wk.data_ptr<scalar_t>(),
                                 g.rel ? tr.data_ptr<scalar_t>() : nullptr, g.rel ? tc.data_ptr<scalar_t>() : nullptr,
                                 wv.data_ptr<scalar_t>(), ptr(gx), ptr(gwq), ptr(gwk), ptr(gtr), ptr(gtc), ptr(gwv));
     });
@@ -468,124 +585,19 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor x, torch::Te
   return {gx, total(gwq), total(gwk), total(gtr), total(gtc), total(gwv)};
 }
 
-// One (image, channel) plane [H, W]: the moments (float64) and each window's extreme. Per band
-// of b rows, a vector pass down the rows keeps each column's extreme and its row (colv, coly),
-// then a scalar pass across each window's b columns picks the first pixel in row-major order.
-template <typename T>
-void select_plane(const T* z, int64_t H, int64_t W, int64_t b, bool flip, T* sel, int32_t* idx,
-                  double* sum, double* sumsq, T* colv, int32_t* coly) {
-  using V = aadet_cpu::Vec<T>;
-  using IT = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
-  typedef IT vi __attribute__((vector_size(sizeof(typename V::type))));
-  double s1 = 0, s2 = 0;
-  for (int64_t y = 0; y < H; ++y) {
-    T r1 = 0, r2 = 0;  // a row in T, then in float64: vectorized, and exact enough (W terms)
-    const T* row = z + y * W;
-    for (int64_t x = 0; x < W; ++x) r1 += row[x], r2 += row[x] * row[x];
-    s1 += r1, s2 += r2;
-  }
-  *sum = s1, *sumsq = s2;
-  const T sign = flip ? T(-1) : T(1);  // the minimum of z is minus the maximum of -z
-  const int64_t Ho = (H + b - 1) / b, Wo = (W + b - 1) / b, Wv = W / V::L * V::L;
-  for (int64_t oy = 0; oy < Ho; ++oy) {
-    const int64_t y0 = oy * b, y1 = std::min(H, y0 + b);
-    int64_t x = 0;
-    for (; x < Wv; x += V::L) {
-      typename V::type best = V::load(z + y0 * W + x) * sign;
-      vi by = vi{} + static_cast<IT>(y0);
-      for (int64_t y = y0 + 1; y < y1; ++y) {
-        const typename V::type v = V::load(z + y * W + x) * sign;
-        const vi take = (v > best) | ((v != v) & (best == best));  // NaN wins, the first one
-        best = take ? v : best;
-        by = take ? (vi{} + static_cast<IT>(y)) : by;
-      }
-      V::store(colv + x, best);
-      for (int l = 0; l < V::L; ++l) coly[x + l] = static_cast<int32_t>(by[l]);
-    }
-    for (; x < W; ++x) {
-      T best = z[y0 * W + x] * sign;
-      int32_t by = static_cast<int32_t>(y0);
-      for (int64_t y = y0 + 1; y < y1; ++y) {
-        const T v = z[y * W + x] * sign;
-        if (v > best || (std::isnan(v) && !std::isnan(best))) best = v, by = static_cast<int32_t>(y);
-      }
-      colv[x] = best, coly[x] = by;
-    }
-    for (int64_t ox = 0; ox < Wo; ++ox) {
-      const int64_t x0 = ox * b, x1 = std::min(W, x0 + b);
-      T best = colv[x0];
-      int64_t bi = coly[x0] * W + x0;
-      for (int64_t xx = x0 + 1; xx < x1; ++xx) {
-        const T v = colv[xx];
-        const int64_t i = coly[xx] * W + xx;
-        const bool nan_v = std::isnan(v), nan_b = std::isnan(best);
-        if ((!nan_b && (v > best || nan_v)) || ((v == best || (nan_v && nan_b)) && i < bi)) best = v, bi = i;
-      }
-      sel[oy * Wo + ox] = best * sign;
-      idx[oy * Wo + ox] = static_cast<int32_t>(bi);
-    }
-  }
+std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor x, torch::Tensor wq, torch::Tensor wk,
+                                    torch::Tensor tr, torch::Tensor tc, torch::Tensor wv, int64_t b, bool need_x,
+                                    bool need_wq, bool need_wk, bool need_rel, bool need_wv) {
+  return backward_any(&go, nullptr, nullptr, nullptr, x, wq, wk, tr, tc, wv, b, need_x, need_wq, need_wk, need_rel,
+                      need_wv);
 }
 
-std::vector<torch::Tensor> window_select(torch::Tensor z, torch::Tensor flip, int64_t b) {
-  TORCH_CHECK(z.device().is_cpu() && z.dim() == 4 && z.is_contiguous(), "stem_cpu: z must be a contiguous CPU [B, O, H, W] tensor");
-  TORCH_CHECK(b >= 1, "stem_cpu: block size must be >= 1; got ", b);
-  const int64_t B = z.size(0), O = z.size(1), H = z.size(2), W = z.size(3);
-  TORCH_CHECK(H * W <= std::numeric_limits<int32_t>::max(), "stem_cpu: a plane of ", H, "x", W, " is too large");
-  TORCH_CHECK(flip.scalar_type() == torch::kBool && flip.dim() == 1 && flip.size(0) == O && flip.is_contiguous(),
-              "stem_cpu: flip must be a contiguous bool [O] tensor");
-  const int64_t Ho = (H + b - 1) / b, Wo = (W + b - 1) / b;
-  auto sel = torch::empty({B, O, Ho, Wo}, z.options());
-  auto idx = torch::empty({B, O, Ho, Wo}, z.options().dtype(torch::kInt32));
-  auto sum = torch::empty({B, O}, z.options().dtype(torch::kFloat64));
-  auto sumsq = torch::empty({B, O}, z.options().dtype(torch::kFloat64));
-  if (H == 0 || W == 0) return {sel, idx, sum.zero_(), sumsq.zero_()};
-  const bool* fl = flip.data_ptr<bool>();
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "stem_cpu_window_select", [&] {
-    const scalar_t* zp = z.data_ptr<scalar_t>();
-    scalar_t* sp = sel.data_ptr<scalar_t>();
-    int32_t* ip = idx.data_ptr<int32_t>();
-    double* s1 = sum.data_ptr<double>();
-    double* s2 = sumsq.data_ptr<double>();
-    at::parallel_for(0, B * O, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> colv(W);
-      std::vector<int32_t> coly(W);
-      for (int64_t n = begin; n < end; ++n)
-        select_plane<scalar_t>(zp + n * H * W, H, W, b, fl[n % O], sp + n * Ho * Wo, ip + n * Ho * Wo, s1 + n, s2 + n,
-                               colv.data(), coly.data());
-    });
-  });
-  return {sel, idx, sum, sumsq};
-}
-
-torch::Tensor window_select_backward(torch::Tensor z, torch::Tensor idx, torch::Tensor gsel, torch::Tensor gsum,
-                                     torch::Tensor gsumsq) {
-  TORCH_CHECK(z.dim() == 4 && z.is_contiguous() && idx.is_contiguous() && gsel.is_contiguous() &&
-                  gsel.scalar_type() == z.scalar_type() && idx.scalar_type() == torch::kInt32 &&
-                  gsel.sizes() == idx.sizes() && gsum.scalar_type() == torch::kFloat64 &&
-                  gsumsq.scalar_type() == torch::kFloat64 && gsum.is_contiguous() && gsumsq.is_contiguous(),
-              "stem_cpu: window_select_backward got tensors unlike window_select's");
-  const int64_t B = z.size(0), O = z.size(1), HW = z.size(2) * z.size(3);
-  const int64_t windows = idx.size(2) * idx.size(3);
-  auto gz = torch::empty_like(z);
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "stem_cpu_window_select_backward", [&] {
-    const scalar_t* zp = z.data_ptr<scalar_t>();
-    const scalar_t* gp = gsel.data_ptr<scalar_t>();
-    const int32_t* ip = idx.data_ptr<int32_t>();
-    const double* g1 = gsum.data_ptr<double>();
-    const double* g2 = gsumsq.data_ptr<double>();
-    scalar_t* out = gz.data_ptr<scalar_t>();
-    at::parallel_for(0, B * O, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        const scalar_t a = static_cast<scalar_t>(g1[n]), c = static_cast<scalar_t>(2 * g2[n]);
-        const scalar_t* zn = zp + n * HW;
-        scalar_t* on = out + n * HW;
-        for (int64_t i = 0; i < HW; ++i) on[i] = a + c * zn[i];
-        for (int64_t w = 0; w < windows; ++w) on[ip[n * windows + w]] += gp[n * windows + w];
-      }
-    });
-  });
-  return gz;
+std::vector<torch::Tensor> backward_pooled(torch::Tensor gsel, torch::Tensor idx, torch::Tensor gmom, torch::Tensor x,
+                                           torch::Tensor wq, torch::Tensor wk, torch::Tensor tr, torch::Tensor tc,
+                                           torch::Tensor wv, int64_t b, bool need_x, bool need_wq, bool need_wk,
+                                           bool need_rel, bool need_wv) {
+  return backward_any(nullptr, &gsel, &idx, &gmom, x, wq, wk, tr, tc, wv, b, need_x, need_wq, need_wk, need_rel,
+                      need_wv);
 }
 
 }  // namespace
@@ -593,6 +605,7 @@ torch::Tensor window_select_backward(torch::Tensor z, torch::Tensor idx, torch::
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "SASA attention stem forward (CPU)");
   m.def("backward", &backward, "SASA attention stem backward (CPU)");
-  m.def("window_select", &window_select, "each b x b window's max (min where flipped) and the planes' moments (CPU)");
-  m.def("window_select_backward", &window_select_backward, "window_select's backward (CPU)");
+  m.def("forward_pooled", &forward_pooled,
+        "the stem's output pooled for its norm: each window's max (min where flipped), its pixel, the moments (CPU)");
+  m.def("backward_pooled", &backward_pooled, "the stem's backward from forward_pooled's gradients (CPU)");
 }
