@@ -38,7 +38,6 @@
 
 namespace {
 
-using aadet_cpu::exp_inplace;
 using aadet_cpu::FlushDenormals;
 using aadet_cpu::Vec;
 
@@ -106,11 +105,28 @@ void rank_update(T* const* P, const T* const* coef, int64_t D, const Grid& g, T*
   }
 }
 
-// Padded columns of every key row of S back to exactly 0 (after exp).
+// S[j] = exp(S[j] - m) for every key, exactly 0 on the padded columns, in one pass; returns the sum.
 template <typename T>
-inline void zero_padding(T* S, const Grid& g) {
-  if (g.Wq == g.W) return;
-  for (int64_t y = 0; y < g.H; ++y) std::fill(S + y * g.Wq + g.W, S + (y + 1) * g.Wq, T(0));
+inline T exp_keys(T* S, T m, const Grid& g) {
+  using V = Vec<T>;
+  typename V::type lane, sv = V::zero();
+  for (int l = 0; l < V::L; ++l) lane[l] = T(l);
+  const typename V::type mv = V::splat(m), last = lane + T(g.Wq - V::L), w = V::splat(T(g.W));
+  for (int64_t y = 0; y < g.H; ++y) {
+    T* row = S + y * g.Wq;
+    int64_t xb = 0;
+    for (; xb + V::L < g.Wq; xb += V::L) {
+      const typename V::type p = aadet_cpu::exp_lanes<aadet_cpu::kVecBytes>(V::load(row + xb) - mv);
+      V::store(row + xb, p);
+      sv += p;
+    }
+    // the row's last vector holds the padded columns x >= W
+    typename V::type p = aadet_cpu::exp_lanes<aadet_cpu::kVecBytes>(V::load(row + xb) - mv);
+    p = last < w ? p : V::zero();
+    V::store(row + xb, p);
+    sv += p;
+  }
+  return V::sum(sv);
 }
 
 // The column term of query i as a padded row: T_col[i, x] for x < W, -inf beyond (0 if no table).
@@ -167,13 +183,7 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
           m = s > m ? s : m;
         }
         const T mx = V::max(m);
-        const typename V::type mv = V::splat(mx);
-        for (int64_t j = 0; j < g.HWq; j += V::L) V::store(S[b] + j, V::load(S[b] + j) - mv);
-        exp_inplace(S[b], g.HWq);
-        zero_padding(S[b], g);
-        typename V::type sv = V::zero();
-        for (int64_t j = 0; j < g.HWq; j += V::L) sv += V::load(S[b] + j);
-        const T sum = V::sum(sv);
+        const T sum = exp_keys(S[b], mx, g);
         inv[b] = T(1) / sum;
         if (b < nvalid) lse[n * g.L + idx[b]] = mx + std::log(sum);
       }
@@ -214,10 +224,7 @@ void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const 
         const T* go[QB];
         T delta[QB];
         for (int b = 0; b < QB; ++b) {
-          const typename V::type l = V::splat(lse[n * g.L + idx[b]]);
-          for (int64_t j = 0; j < g.HWq; j += V::L) V::store(P[b] + j, V::load(P[b] + j) - l);
-          exp_inplace(P[b], g.HWq);
-          zero_padding(P[b], g);
+          exp_keys(P[b], lse[n * g.L + idx[b]], g);
           go[b] = gout + (n * g.L + idx[b]) * g.dv;
           const T* ob = out + (n * g.L + idx[b]) * g.dv;
           T d = 0;
@@ -226,30 +233,33 @@ void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const 
         }
         // dL/dp = gout . v, then dL/ds = p (dL/dp - delta).
         scores<T>(go, vtn, g.dv, nullptr, nullptr, g, D);
+        // dL/ds = p (dL/dp - delta), and in the same pass the tables' gradients: its row and
+        // column sums (for the block's valid queries).
         for (int b = 0; b < QB; ++b) {
           const typename V::type dl = V::splat(delta[b]);
-          for (int64_t j = 0; j < g.HWq; j += V::L)
-            V::store(D[b] + j, V::load(P[b] + j) * (V::load(D[b] + j) - dl));
+          const bool sums = b < nvalid && (gtrow || gtcol);
+          if (sums) std::fill(colsum.begin(), colsum.end(), T(0));
+          for (int64_t y = 0; y < g.H; ++y) {
+            T* row = D[b] + y * g.Wq;
+            const T* prow = P[b] + y * g.Wq;
+            typename V::type rs = V::zero();
+            for (int64_t xb = 0; xb < g.Wq; xb += V::L) {
+              const typename V::type ds = V::load(prow + xb) * (V::load(row + xb) - dl);
+              V::store(row + xb, ds);
+              if (sums) {
+                rs += ds;
+                V::store(colsum.data() + xb, V::load(colsum.data() + xb) + ds);
+              }
+            }
+            if (sums && gtrow) gtrow[(n * g.L + idx[b]) * g.H + y] = V::sum(rs);
+          }
+          if (sums && gtcol) std::copy(colsum.begin(), colsum.begin() + g.W, gtcol + (n * g.L + idx[b]) * g.W);
         }
-        // dL/dq = sum_j dL/ds k; the tables' gradients: row and column sums of dL/ds.
+        // dL/dq = sum_j dL/ds k.
         T ones[QB] = {1, 1, 1, 1};
         T* gqa[QB];
         for (int b = 0; b < QB; ++b) gqa[b] = gq + (n * g.L + idx[b]) * g.dk;
         weighted_sums<T>(D, ktn, g.dk, ones, g, gqa, 1, nvalid);
-        for (int b = 0; b < nvalid; ++b) {
-          std::fill(colsum.begin(), colsum.end(), T(0));
-          for (int64_t y = 0; y < g.H; ++y) {
-            const T* row = D[b] + y * g.Wq;
-            typename V::type rs = V::zero();
-            for (int64_t xb = 0; xb < g.Wq; xb += V::L) {
-              const typename V::type dv = V::load(row + xb);
-              rs += dv;
-              V::store(colsum.data() + xb, V::load(colsum.data() + xb) + dv);
-            }
-            if (gtrow) gtrow[(n * g.L + idx[b]) * g.H + y] = V::sum(rs);
-          }
-          if (gtcol) std::copy(colsum.begin(), colsum.begin() + g.W, gtcol + (n * g.L + idx[b]) * g.W);
-        }
         // dL/dk += dL/ds q, dL/dv += p gout (unused slots get zero coefficients).
         const T* qa[QB];
         const T* ga[QB];

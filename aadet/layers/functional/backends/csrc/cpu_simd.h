@@ -88,16 +88,6 @@ inline typename Vec<double, Bytes>::type exp_lanes(typename Vec<double, Bytes>::
   return v;
 }
 
-// exp over n (a multiple of VL) values in place.
-inline void exp_inplace(float* x, int64_t n) {
-  using V = Vec<float>;
-  for (int64_t i = 0; i < n; i += V::L) V::store(x + i, exp_lanes<kVecBytes>(V::load(x + i)));
-}
-
-inline void exp_inplace(double* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
-}
-
 // Y [I, Ps] (+)= A X: Y[i, p] (+)= sum_j A[i ai + j aj] X[j, p] (X: J rows of Ps values, Ps a
 // whole number of Bytes-wide vectors): small weight or table products over a block's pixels.
 template <int Bytes, typename T, bool kAccumulate>

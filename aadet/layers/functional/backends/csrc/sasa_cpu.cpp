@@ -45,7 +45,6 @@
 
 namespace {
 
-using aadet_cpu::exp_inplace;
 using aadet_cpu::FlushDenormals;
 using aadet_cpu::kVecBytes;
 using aadet_cpu::Vec;
@@ -178,6 +177,24 @@ inline void add_positions(T* Lo, const T* row, const T* col, int64_t n, int a, i
   for (int64_t x = x0; x < x1; ++x) Lo[x] += rr[x] + cc[x];
 }
 
+// The softmax's exponentials of one window offset, in one pass along the row: L[x] = exp(L[x] -
+// m[x]) for the in-map queries x in [x0, x1) and exactly 0 for the others up to Wq (whatever L
+// holds there), and acc[x] += L[x] (kWeighted: L[x] * w[x]).
+template <typename T, bool kWeighted>
+inline void exp_in_map(T* L, const T* m, int64_t Wq, int64_t x0, int64_t x1, const T* w, T* acc) {
+  using V = Vec<T>;
+  typename V::type lane;
+  for (int l = 0; l < V::L; ++l) lane[l] = T(l);
+  const typename V::type lo = V::splat(T(x0)), hi = V::splat(T(x1));
+  for (int64_t xb = 0; xb < Wq; xb += V::L) {
+    const typename V::type xv = lane + T(xb);
+    typename V::type p = aadet_cpu::exp_lanes<kVecBytes>(V::load(L + xb) - V::load(m + xb));
+    p = (xv >= lo) & (xv < hi) ? p : V::zero();
+    V::store(L + xb, p);
+    V::store(acc + xb, V::load(acc + xb) + (kWeighted ? p * V::load(w + xb) : p));
+  }
+}
+
 // The padded rows of one channels-first map slice [D, H, W], `slots` at a time, as the window
 // slides down the map: how the recompute mode reads its unpadded inputs instead of padded
 // copies. Row yy lives in slot yy % slots as [D][Wp], the map row at [r, r + W) and zeros around
@@ -286,20 +303,14 @@ void forward_kernel(const T* q, const T* k, const T* v, const T* row, const T* c
         vrow[i] = vrow_of(y + a - r);
       }
       // Softmax over the in-map keys (the centre key is always in-map, so sum >= 1): exp of
-      // whole vectors, then the off-map columns back to exactly 0.
+      // whole vectors, exactly 0 for the off-map columns, summed in the same pass.
       std::fill(sum.begin(), sum.end(), T(0));
       for (int i = 0; i < nrows; ++i) {
         for (int c = 0; c < K; ++c) {
           T* Lo = rows_of[i] + c * Wp;
           int64_t x0, x1;
           geo.clip(c, x0, x1);
-          const T* m = mx.data();
-          for (int64_t x = 0; x < Wq; ++x) Lo[x] -= m[x];
-          exp_inplace(Lo, Wq);
-          std::fill(Lo, Lo + x0, T(0));
-          std::fill(Lo + x1, Lo + Wq, T(0));
-          T* sm = sum.data();
-          for (int64_t x = 0; x < Wq; ++x) sm[x] += Lo[x];
+          exp_in_map<T, false>(Lo, mx.data(), Wq, x0, x1, nullptr, sum.data());
         }
       }
       if constexpr (kRecompute) {
@@ -307,11 +318,13 @@ void forward_kernel(const T* q, const T* k, const T* v, const T* row, const T* c
         for (int64_t x = 0; x < W; ++x) lse[x] = mx[x] + std::log(sum[x]);
       }
       for (int64_t x = 0; x < W; ++x) sum[x] = T(1) / sum[x];
-      for (int i = 0; i < nrows; ++i) {
-        for (int c = 0; c < K; ++c) {
-          T* Lo = rows_of[i] + c * Wp;
-          const T* inv = sum.data();
-          for (int64_t x = 0; x < W; ++x) Lo[x] *= inv[x];
+      if constexpr (!kRecompute) {  // the saved probabilities are normalized; else the output is, below
+        for (int i = 0; i < nrows; ++i) {
+          for (int c = 0; c < K; ++c) {
+            T* Lo = rows_of[i] + c * Wp;
+            const T* inv = sum.data();
+            for (int64_t x = 0; x < W; ++x) Lo[x] *= inv[x];
+          }
         }
       }
       // Save the probabilities (padded rows; rows outside the map are zeros) ...
@@ -323,7 +336,13 @@ void forward_kernel(const T* q, const T* k, const T* v, const T* row, const T* c
       // window_sum reads P at rows_of[a] + c * Wp + x, v at vrow[a] + x + c.
       const T* pq[K];
       for (int i = 0; i < nrows; ++i) pq[i] = rows_of[i];
-      window_sum_row<T, K, false>(pq, Wp, vrow, sd, nrows, dv, out + n * dv * HW + y * W, HW, geo);
+      T* orow = out + n * dv * HW + y * W;
+      window_sum_row<T, K, false>(pq, Wp, vrow, sd, nrows, dv, orow, HW, geo);
+      if constexpr (kRecompute) {  // dv outputs per query normalized instead of K*K probabilities
+        const T* inv = sum.data();
+        for (int64_t d = 0; d < dv; ++d)
+          for (int64_t x = 0; x < W; ++x) orow[d * HW + x] *= inv[x];
+      }
     }
   });
 }
@@ -470,12 +489,7 @@ void backward_recompute_kernel(const T* g, const int64_t* gs, const T* q, const 
               int64_t x0, x1;
               geo.clip(c, x0, x1);
               add_positions<T, K>(Po, row, col, n, a, c, yq, x0, x1, geo);
-              for (int64_t x = 0; x < Wq; ++x) Po[x] -= lrow[x];
-              exp_inplace(Po, Wq);
-              std::fill(Po, Po + x0, T(0));
-              std::fill(Po + x1, Po + Wq, T(0));
-              T* dt = dot.data();
-              for (int64_t x = 0; x < Wq; ++x) dt[x] += Po[x] * Go[x];
+              exp_in_map<T, true>(Po, lrow.data(), Wq, x0, x1, Go, dot.data());
             }
           }
           // Softmax backward: dS = P (dP - D) (0 off the map and in the padding, where P is).
