@@ -72,6 +72,7 @@ from aadet_tools.timing import (  # noqa: E402
     autocast,
     check_amp_dtype,
     combine_rounds,
+    merge_rounds,
     environment_info,
     measure,
     quantile,
@@ -243,36 +244,27 @@ def add_ratios(results, baseline: str):
     return results
 
 
-def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
-    """One result per case from the rounds' results (each round lists the cases in the same
-    order, each with its own ``ratios``): the phases combined by
-    :func:`~aadet_tools.timing.combine_rounds`, and ``ratio_ranges`` ``{metric: [min, max]}`` of
-    the rounds' own ratios (each round's cases ran minutes apart, so a ratio within a round is
-    the one least touched by a drifting machine). A case that failed in any round is reported by
-    its first failure."""
-    if len(rounds) == 1:
-        return rounds[0]
-    merged = []
-    for same in zip(*rounds):
-        failed = [r for r in same if "error" in r]
-        if failed:
-            merged.append(failed[0])
-            continue
-        r = {k: v for k, v in same[0].items() if k != "ratios"}
-        for phase in ("train", "inference"):
-            if phase in r:
-                r[phase] = combine_rounds([x[phase] for x in same])
-        if "train" in r:
-            per_image = same[0]["train"]["images_per_s"] * same[0]["train"]["median_s"]
-            r["train"]["images_per_s"] = per_image / r["train"]["median_s"]
-        r["ratio_ranges"] = {
-            m: [min(v), max(v)]
-            for m in RATIO_METRICS
-            for v in [[x["ratios"][m] for x in same if x.get("ratios", {}).get(m) is not None]]
-            if len(v) == len(same)
-        }
-        merged.append(r)
-    return merged
+def combine_case(same: List[dict]) -> dict:
+    """One case's results of several rounds (each with its own ``ratios``) as one: the phases
+    combined by :func:`~aadet_tools.timing.combine_rounds`, and ``ratio_ranges`` ``{metric: [min,
+    max]}`` of the rounds' own ratios (each round's cases ran minutes apart, so a ratio within a
+    round is the one least touched by a drifting machine). With
+    :func:`~aadet_tools.timing.merge_rounds`, a case that failed in any round is reported by its
+    first failure."""
+    r = {k: v for k, v in same[0].items() if k != "ratios"}
+    for phase in ("train", "inference"):
+        if phase in r:
+            r[phase] = combine_rounds([x[phase] for x in same])
+    if "train" in r:
+        per_image = same[0]["train"]["images_per_s"] * same[0]["train"]["median_s"]
+        r["train"]["images_per_s"] = per_image / r["train"]["median_s"]
+    r["ratio_ranges"] = {
+        m: [min(v), max(v)]
+        for m in RATIO_METRICS
+        for v in [[x["ratios"][m] for x in same if x.get("ratios", {}).get(m) is not None]]
+        if len(v) == len(same)
+    }
+    return r
 
 
 def add_paired_spread(results: List[dict], baseline: str) -> List[dict]:
@@ -400,7 +392,7 @@ def main(argv=None) -> int:
                         r.update(config=config, amp=amp, amp_dtype=amp_dtype)
                     results.append(r)
             rounds.append(add_ratios(results, baseline))
-    results = add_ratios(merge_rounds(rounds), baseline)
+    results = add_ratios(merge_rounds(rounds, combine_case), baseline)
     if args.interleave:
         add_paired_spread(results, baseline)
     report = make_report(results)

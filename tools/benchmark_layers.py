@@ -81,6 +81,7 @@ from aadet_tools.timing import (  # noqa: E402
     environment_info,
     measure,
     combine_rounds,
+    merge_rounds,
     run_case_in_subprocess,
     worker_main,
 )
@@ -332,18 +333,9 @@ def add_ratios(results):
     return results
 
 
-def merge_rounds(rounds):
-    """One result per case from the rounds (each lists the same cases in the same order): the
-    timings combined by :func:`~aadet_tools.timing.combine_rounds` (each keeps its
-    ``round_medians_s``); a case skipped or failed in any round is reported by its first such
-    result."""
-    if len(rounds) == 1:
-        return rounds[0]
-    merged = []
-    for same in zip(*rounds):
-        bad = [r for r in same if "error" in r or "skipped" in r]
-        merged.append(bad[0] if bad else combine_rounds(same))
-    return merged
+def not_measured(result: dict) -> bool:
+    """A case skipped or failed: in any round, it is reported by its first such result."""
+    return "error" in result or "skipped" in result
 
 
 # ----------------------------------------------------------------------------- main
@@ -464,7 +456,7 @@ def main(argv=None) -> int:
                     dict(case, error=r["error"], detail=r.get("detail")) if "error" in r else r
                 )
             rounds.append(results)
-    results = merge_rounds(rounds)
+    results = merge_rounds(rounds, combine_rounds, failed=not_measured)
     add_ratios(results)
     report = dict(
         device=str(device),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from aadet_tools import timing
+from aadet_tools.timing import merge_rounds
 from aadet_tools.benchmark_tables import render_layer_tables, render_model_table
 from aadet_tools.gpu_report import config_rows, layer_rows
 from aadet_tools.report import (
@@ -199,7 +200,7 @@ def test_benchmark_rounds_take_the_median_round_and_keep_each_ratio_range():
         results = [case(base, 0.5 * slow, 100), case(aa, aa_time, 150 + 10 * slow)]
         results.append({"config": sasa, "amp": False, "error": "killed"} if sasa_error else case(sasa, 2.0, 1))
         rounds.append(benchmark.add_ratios(results, base))
-    merged = benchmark.add_ratios(benchmark.merge_rounds(rounds), base)
+    merged = benchmark.add_ratios(merge_rounds(rounds, benchmark.combine_case), base)
     b, a, s = merged
     assert b["train"]["median_s"] == pytest.approx(0.52) and a["train"]["median_s"] == pytest.approx(1.1)
     assert a["train"]["round_medians_s"] == [1.0, 1.7, 1.1] and a["train"]["iters"] == 15
@@ -207,7 +208,7 @@ def test_benchmark_rounds_take_the_median_round_and_keep_each_ratio_range():
     assert a["ratio_ranges"]["train_time"] == pytest.approx([2.0, 1.7 / 0.8])  # rounds: 2.0, 2.125, 2.115
     assert a["train"]["peak_bytes"] == 166 and a["train"]["images_per_s"] == pytest.approx(2 / 1.1)
     assert s == {"config": sasa, "amp": False, "error": "killed"}
-    assert benchmark.merge_rounds(rounds[:1]) is rounds[0]  # one round: the results as they are
+    assert merge_rounds(rounds[:1], benchmark.combine_case) is rounds[0]  # one round: the results as they are
     rep = {"device": "cpu", "size": [64, 64], "batch": 2, "warmup": 1, "iters": 5, "rounds": 3,
            "baseline": base, "env": {"device_name": "Test CPU", "torch": "2", "torch_threads": 1},
            "results": merged}  # fmt: skip
@@ -304,7 +305,8 @@ def test_benchmark_layers_rounds_and_their_ratio_range():
     rounds = [[case("cpp", 1.0), case("conv3x3", 1.0), case("bmm", 1.0)],
               [case("cpp", 1.8), case("conv3x3", 2.0), dict(case("bmm", 0), error="killed")],
               [case("cpp", 0.9), case("conv3x3", 1.2), case("bmm", 1.0)]]
-    cpp, conv, bmm = benchmark_layers.add_ratios(benchmark_layers.merge_rounds(rounds))
+    cpp, conv, bmm = benchmark_layers.add_ratios(
+        merge_rounds(rounds, benchmark_layers.combine_rounds, failed=benchmark_layers.not_measured))
     assert cpp["median_s"] == 1.0 and conv["median_s"] == 1.2 and cpp["round_medians_s"] == [1.0, 1.8, 0.9]
     assert cpp["ratios"]["conv3x3"]["time"] == pytest.approx(1.0 / 1.2) and bmm["error"] == "killed"
     rows = {r["impl"]: r for r in layer_rows(dict(batch=1, amp=False, results=[cpp, conv, bmm]))}

@@ -46,6 +46,7 @@ from .run_summary import cpu_model
 
 __all__ = [
     "AMP_DTYPES",
+    "merge_rounds",
     "default_amp_dtype",
     "check_amp_dtype",
     "needs_grad_scaler",
@@ -281,6 +282,20 @@ def combine_rounds(rounds: Sequence[dict]) -> dict:
         peak_abs_bytes=max((r.get("peak_abs_bytes") or 0) for r in rounds) or None,
         peak_exact=all(r.get("peak_exact", False) for r in rounds),
     )
+
+
+def merge_rounds(rounds: Sequence[List[dict]], combine: Callable[[List[dict]], dict],
+                 failed: Callable[[dict], bool] = lambda r: "error" in r) -> List[dict]:
+    """One result per case from several rounds, each listing the same cases in the same order: a
+    case that ``failed`` in any round is reported by its first failure, the others by
+    ``combine`` (the case's results of every round). One round is returned as it is."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for same in zip(*rounds):
+        bad = [r for r in same if failed(r)]
+        merged.append(bad[0] if bad else combine(list(same)))
+    return merged
 
 
 def environment_info(device="cpu") -> Dict[str, object]:
