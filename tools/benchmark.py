@@ -372,31 +372,32 @@ def main(argv=None) -> int:
                     print(f"[benchmark] {len(specs)} configs interleaved{tag} ...", file=sys.stderr, flush=True)
                     phases = (not args.no_train) + (not args.no_inference)
                     rs = run_interleaved(__file__, specs, tmp, calls=phases * (warmup + iters))
+                    results += [named_case(r, spec) for spec, r in zip(specs, rs)]
                 else:
-                    rs = []
                     for spec in specs:
                         print(f"[benchmark] {spec['config']}{tag} ...", file=sys.stderr, flush=True)
                         start = time.monotonic()
-                        rs.append(run_case_in_subprocess(__file__, spec, tmp, timeout=args.case_timeout))
-                        print(f"[benchmark]   {describe_case(rs[-1], time.monotonic() - start)}",
+                        r = named_case(run_case_in_subprocess(__file__, spec, tmp, timeout=args.case_timeout), spec)
+                        results.append(r)
+                        print(f"[benchmark]   {describe_case(r, time.monotonic() - start)}",
                               file=sys.stderr, flush=True)
                         if args.output_json and args.rounds == 1:
                             # the cases so far, so a run cut off (a time limit) keeps them
-                            for sp, r in zip(specs, rs):
-                                if "error" in r:  # named as below, so the partial report shows it
-                                    r.update(config=sp["config"], amp=amp, amp_dtype=amp_dtype)
-                            done = results + rs
-                            write_json(args.output_json, make_report(add_ratios(done, baseline), partial=True))
-                for config, r in zip(args.configs, rs):
-                    if "error" in r:
-                        r.update(config=config, amp=amp, amp_dtype=amp_dtype)
-                    results.append(r)
+                            write_json(args.output_json, make_report(add_ratios(list(results), baseline), partial=True))
             rounds.append(add_ratios(results, baseline))
     results = add_ratios(merge_rounds(rounds, combine_case), baseline)
     if args.interleave:
         add_paired_spread(results, baseline)
     report = make_report(results)
     return write_report(report, render_model_table(report), args.output_json, args.output_md)
+
+
+def named_case(result: dict, spec: dict) -> dict:
+    """A case's result, named by its spec where it failed (a failure carries only its error; the
+    report lists every case by config and precision)."""
+    if "error" in result:
+        result.update(config=spec["config"], amp=spec["amp"], amp_dtype=spec["amp_dtype"])
+    return result
 
 
 def describe_case(result: dict, seconds: float) -> str:

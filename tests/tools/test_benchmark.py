@@ -523,3 +523,28 @@ def test_benchmark_writes_the_cases_finished_so_far_after_each_case(tmp_path, mo
     assert "partial" not in final and len(final["results"]) == 2
     assert "done in" in capsys.readouterr().err and "build 2 s, train 9 s (median 500 ms)" in benchmark.describe_case(
         final["results"][1], 12.0)
+
+
+def test_benchmark_names_a_failed_case_in_the_partial_and_the_final_report(tmp_path, monkeypatch):
+    # A failure comes back as its error only; the reports list it by config and precision.
+    benchmark = load_tool("benchmark")
+    configs = [os.path.join(REPO, "configs/Demo", n)
+               for n in ("trees_R_26_slim_FPN.yaml", "trees_AA_R_26_slim_FPN.yaml", "trees_SASA_R_26_slim_FPN.yaml")]
+    out = tmp_path / "bench.json"
+    seen = []
+
+    def fake_case(script, spec, tmp, timeout=None):
+        seen.append(json.loads(out.read_text()) if out.exists() else None)
+        if spec["config"] == configs[1]:
+            return {"error": "out of memory"}
+        phase = dict(median_s=0.5, cpu_median_s=0.5, peak_bytes=1, wall_s=9.0)
+        return dict(config=spec["config"], amp=spec["amp"], params=1, env={}, build_s=2.0,
+                    train=dict(phase, images_per_s=2.0))
+
+    monkeypatch.setattr(benchmark, "run_case_in_subprocess", fake_case)
+    benchmark.main(["--configs", *configs, "--size", "64", "--batch", "1", "--no-inference",
+                    "--output-json", str(out), "--output-md", str(tmp_path / "bench.md")])
+    partial = seen[2]["results"][1]
+    final = json.loads(out.read_text())["results"][1]
+    for failed in (partial, final):
+        assert failed["config"] == configs[1] and failed["amp"] is False and failed["error"] == "out of memory"
