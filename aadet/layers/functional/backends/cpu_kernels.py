@@ -126,8 +126,8 @@ class CppKernel:
 
 
 #: Every C++ kernel: SASA's (:mod:`.sasa_cpp`), AA's (:mod:`.logit_tables_cpp`), HaloNet's
-#: (:mod:`.halo_cpp`), the SASA attention stem's (:mod:`.stem_cpp`; ``impl="auto"`` does not take
-#: it yet: its fallback is the route auto takes for an RGB stem).
+#: (:mod:`.halo_cpp`), the SASA attention stem's (:mod:`.stem_cpp`; its fallback is the route
+#: ``impl="auto"`` takes without it for an RGB stem).
 KERNELS: Dict[str, CppKernel] = {
     "sasa": CppKernel("sasa_cpu.cpp", "SASA C++ kernel", fallback="neighborhood"),
     "aa": CppKernel("aa_cpu.cpp", "AA C++ kernel", fallback="fused"),
