@@ -106,7 +106,6 @@ def cpp_stem_attention(
         return _StemCpp.apply(*_kernel_args(x, wq, wk, tr, tc, wv), block_size)
 
 
-
 class _StemCppPooled(torch.autograd.Function):
     """:class:`_StemCpp`'s inputs and ``flip [O]`` (bool) -> ``sel [B, O, nby, nbx]`` (each block's
     maximum of the output, its minimum where ``flip``), ``idx`` (the chosen pixels; no gradient)
