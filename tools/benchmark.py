@@ -22,8 +22,10 @@ boxes, generated once and loaded by every case; no dataset needed):
 * **inference latency**: ``model.eval()`` forward of the batch under ``torch.no_grad()``,
   post-processing included; median per batch and per image;
 * **peak memory** of each phase: CUDA ``max_memory_allocated``; CPU the process' resident-set
-  high-water mark (see ``tools/aadet_tools/timing.py``), both absolute and above the state before
-  the phase (weights and inputs already resident): the ratios use the latter;
+  high-water mark in a memory pass after the timed rounds (each case once more, in a process
+  where malloc returns every tensor to the system when it is freed: see
+  ``tools/aadet_tools/timing.py``), both absolute and above the state before the phase (weights
+  and inputs already resident): the ratios use the latter;
 * each as a **ratio to the baseline** (``--baseline``, default the first config) of the same run
   and AMP mode.
 
@@ -74,9 +76,13 @@ from aadet_tools.timing import (  # noqa: E402
     combine_rounds,
     merge_rounds,
     environment_info,
+    peak_memory_meaning,
     measure,
     quantile,
+    MEMORY_PASS_ENV,
+    memory_pass_spec,
     run_case_in_subprocess,
+    with_memory_pass,
     run_interleaved,
     worker_main,
 )
@@ -338,6 +344,8 @@ def main(argv=None) -> int:
             "baseline": baseline,
             "opts": list(args.opts),
             "env": environment_info(device),
+            # a partial report's peaks are its timed processes' (the memory pass comes last)
+            "peak_memory": peak_memory_meaning(device, memory_pass=not partial),
             "results": results,
         }
         return dict(report, partial=True) if partial else report
@@ -347,7 +355,7 @@ def main(argv=None) -> int:
         batch_file = os.path.join(tmp, "batch.pt")
         torch.save(make_batch(args.batch, h, w, args.seed), batch_file)
         for i in range(args.rounds):
-            results = []
+            results, round_specs = [], []
             for amp in amps:
                 specs = [
                     dict(
@@ -366,6 +374,7 @@ def main(argv=None) -> int:
                     )
                     for config in args.configs
                 ]
+                round_specs += specs
                 tag = f" amp={amp_dtype if amp else 'off'}" + (
                     f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else "")
                 if args.interleave:
@@ -385,7 +394,15 @@ def main(argv=None) -> int:
                             # the cases so far, so a run cut off (a time limit) keeps them
                             write_json(args.output_json, make_report(add_ratios(list(results), baseline), partial=True))
             rounds.append(add_ratios(results, baseline))
-    results = add_ratios(merge_rounds(rounds, combine_case), baseline)
+        results = merge_rounds(rounds, combine_case)
+        if device.type == "cpu":  # the peaks from a memory pass (aadet_tools/timing.py)
+            print(f"[benchmark] memory pass: {len(round_specs)} cases ...", file=sys.stderr, flush=True)
+            results = [
+                r if "error" in r else with_memory_pass(r, named_case(run_case_in_subprocess(
+                    __file__, memory_pass_spec(spec), tmp, timeout=args.case_timeout, env=MEMORY_PASS_ENV), spec))
+                for r, spec in zip(results, round_specs)
+            ]
+    results = add_ratios(results, baseline)
     if args.interleave:
         add_paired_spread(results, baseline)
     report = make_report(results)

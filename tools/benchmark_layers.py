@@ -5,7 +5,8 @@ against straightforward implementations and convolutions.
     OMP_NUM_THREADS=1 python tools/benchmark_layers.py --device cpu --output-json out/layers_cpu.json
     python tools/benchmark_layers.py --device cuda --batch 8 --iters 50 --output-json out/layers_cuda.json
 
-Forward + backward time (median after warm-up) and peak memory, every case in a fresh process
+Forward + backward time (median after warm-up) and peak memory (on CPU from a memory pass after
+the timed rounds), every case in a fresh process
 (timing, memory and AMP helpers: ``tools/aadet_tools/timing.py``; ratios, markdown and JSON:
 ``tools/aadet_tools/report.py``; both shared with ``tools/benchmark.py``; the tables:
 ``tools/aadet_tools/benchmark_tables.py``), at the res3 / res4 / res5
@@ -80,9 +81,13 @@ from aadet_tools.timing import (  # noqa: E402
     check_amp_dtype,
     environment_info,
     measure,
+    peak_memory_meaning,
     combine_rounds,
     merge_rounds,
+    MEMORY_PASS_ENV,
+    memory_pass_spec,
     run_case_in_subprocess,
+    with_memory_pass,
     worker_main,
 )
 from aadet.layers.attention_stem import STEM_ROUTES, SpatiallyAwareAttentionStem  # noqa: E402
@@ -288,6 +293,11 @@ def _make_work(case, batch, device, dtype):
     return step
 
 
+def failed_case(case: dict, result: dict) -> dict:
+    """A worker's result; where it failed, the case with the error."""
+    return dict(case, error=result["error"], detail=result.get("detail")) if "error" in result else result
+
+
 def run_case(spec):
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -434,10 +444,11 @@ def main(argv=None) -> int:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="aadet_layers_") as tmp:
         for i in range(args.rounds):
-            results = []
+            results, specs = [], []
             for case in cases:
                 if "skipped" in case:
                     results.append(case)
+                    specs.append(None)
                     continue
                 tag = f" (round {i + 1}/{args.rounds})" if args.rounds > 1 else ""
                 print(f"[benchmark_layers] {case}{tag}", file=sys.stderr, flush=True)
@@ -451,12 +462,14 @@ def main(argv=None) -> int:
                     amp_dtype=amp_dtype,
                     threads=args.threads,
                 )
-                r = run_case_in_subprocess(__file__, spec, tmp)
-                results.append(
-                    dict(case, error=r["error"], detail=r.get("detail")) if "error" in r else r
-                )
+                specs.append(spec)
+                results.append(failed_case(case, run_case_in_subprocess(__file__, spec, tmp)))
             rounds.append(results)
-    results = merge_rounds(rounds, combine_rounds, failed=not_measured)
+        results = merge_rounds(rounds, combine_rounds, failed=not_measured)
+        if device.type == "cpu":  # the peaks from a memory pass (aadet_tools/timing.py)
+            print(f"[benchmark_layers] memory pass: {len(specs)} cases", file=sys.stderr, flush=True)
+            results = [r if not_measured(r) else with_memory_pass(r, failed_case(r, run_case_in_subprocess(
+                __file__, memory_pass_spec(spec), tmp, env=MEMORY_PASS_ENV))) for r, spec in zip(results, specs)]
     add_ratios(results)
     report = dict(
         device=str(device),
@@ -467,6 +480,7 @@ def main(argv=None) -> int:
         amp=args.amp,
         amp_dtype=amp_dtype if args.amp else None,
         env=environment_info(device),
+        peak_memory=peak_memory_meaning(device),
         reference_check=ref,
         results=results,
     )

@@ -104,6 +104,61 @@ def test_time_fn_and_peak_memory():
         time_fn(lambda: None, warmup=0, iters=0)
 
 
+# The heap pattern that makes a resident-set peak overstate the tensors: a 4 MiB block freed
+# (glibc raises its mmap threshold to it), twenty 2 MiB tensors on the heap, every other one
+# freed (holes that stay resident), then ten 3 MiB tensors that fit no hole. Live at the peak:
+# ten 2 MiB + ten 3 MiB = 50 MiB.
+_HOLES = (
+    "import json, torch\n"
+    "from aadet_tools.timing import PeakMemory\n"
+    "del_me = torch.ones(2**20)\n"
+    "del del_me\n"
+    "with PeakMemory('cpu') as mem:\n"
+    "    small = [torch.ones(2**19) for _ in range(20)]\n"
+    "    small = small[1::2]\n"
+    "    big = [torch.ones(3 * 2**18) for _ in range(10)]\n"
+    "    del small, big\n"
+    "print(json.dumps([mem.exact, mem.peak_bytes]))\n"
+)
+
+
+def _peak_mib(code, env):
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TOOLS]), **env))
+    assert p.returncode == 0, p.stderr[-2000:]
+    exact, peak = json.loads(p.stdout.strip().splitlines()[-1])
+    return peak / 2**20 if exact else None
+
+
+def test_memory_pass_measures_the_tensors_not_the_heap_malloc_keeps():
+    """Under the memory pass' environment the peak is the live tensors' (50 MiB); with glibc's
+    defaults the same code's resident set also holds the freed holes (70 MiB)."""
+    passed = _peak_mib(_HOLES, timing.MEMORY_PASS_ENV)
+    default = _peak_mib(_HOLES, {})
+    if passed is None:
+        pytest.skip("/proc/self/clear_refs is unavailable: no resettable resident-set peak")
+    assert 49 <= passed <= 53, passed
+    assert default >= 60, default  # what the memory pass is for
+
+
+def test_with_memory_pass_takes_each_phases_peak_from_the_pass():
+    timed = dict(config="a", train=dict(median_s=1.0, peak_bytes=70, peak_abs_bytes=90, peak_exact=True),
+                 inference=dict(median_s=0.5, peak_bytes=20, peak_abs_bytes=40, peak_exact=True))
+    mem = dict(config="a", train=dict(median_s=9.0, peak_bytes=50, peak_abs_bytes=70, peak_exact=True),
+               inference=dict(median_s=9.0, peak_bytes=15, peak_abs_bytes=35, peak_exact=True))
+    out = timing.with_memory_pass(timed, mem)
+    assert out["train"] == dict(median_s=1.0, peak_bytes=50, peak_abs_bytes=70, peak_exact=True,
+                                timed_rss_peak_bytes=70)
+    assert out["inference"]["peak_bytes"] == 15 and out["inference"]["median_s"] == 0.5
+    flat = timing.with_memory_pass(dict(kind="conv", median_s=1.0, peak_bytes=7), dict(peak_bytes=5))
+    assert flat["peak_bytes"] == 5 and flat["timed_rss_peak_bytes"] == 7 and flat["median_s"] == 1.0
+    failed = timing.with_memory_pass(timed, {"error": "killed"})
+    assert failed["error"] == "memory pass: killed"
+    assert timing.with_memory_pass({"error": "x"}, mem) == {"error": "x"}
+    spec = timing.memory_pass_spec(dict(config="a", warmup=5, iters=20, turns=["go", "ack"]))
+    assert spec == dict(config="a", warmup=1, iters=1)
+
+
 # ----------------------------------------------------------------------------- AMP settings
 def test_amp_dtype_choice():
     assert sorted(AMP_DTYPES) == ["bfloat16", "float16"]
@@ -506,7 +561,7 @@ def test_benchmark_writes_the_cases_finished_so_far_after_each_case(tmp_path, mo
     out = tmp_path / "bench.json"
     seen, timeouts = [], []
 
-    def fake_case(script, spec, tmp, timeout=None):
+    def fake_case(script, spec, tmp, timeout=None, env=None):
         seen.append(json.loads(out.read_text()) if out.exists() else None)
         timeouts.append(timeout)
         phase = dict(median_s=0.5, cpu_median_s=0.5, peak_bytes=1, wall_s=9.0)
@@ -516,7 +571,7 @@ def test_benchmark_writes_the_cases_finished_so_far_after_each_case(tmp_path, mo
     monkeypatch.setattr(benchmark, "run_case_in_subprocess", fake_case)
     benchmark.main(["--configs", *configs, "--size", "64", "--batch", "1", "--no-inference", "--case-timeout", "30",
                     "--output-json", str(out), "--output-md", str(tmp_path / "bench.md")])
-    assert timeouts == [30.0, 30.0]  # each case stopped after --case-timeout
+    assert timeouts == [30.0] * 4  # each case and its memory pass stopped after --case-timeout
     assert seen[0] is None  # nothing before the first case
     assert seen[1]["partial"] is True and [r["config"] for r in seen[1]["results"]] == configs[:1]
     final = json.loads(out.read_text())
@@ -533,7 +588,7 @@ def test_benchmark_names_a_failed_case_in_the_partial_and_the_final_report(tmp_p
     out = tmp_path / "bench.json"
     seen = []
 
-    def fake_case(script, spec, tmp, timeout=None):
+    def fake_case(script, spec, tmp, timeout=None, env=None):
         seen.append(json.loads(out.read_text()) if out.exists() else None)
         if spec["config"] == configs[1]:
             return {"error": "out of memory"}

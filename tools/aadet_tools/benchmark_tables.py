@@ -14,7 +14,7 @@ import os
 from typing import List, Sequence
 
 from .report import fmt, header_line, markdown_table, mib
-from .timing import peak_memory_meaning
+from .timing import report_peak_memory
 
 __all__ = [
     "render_model_table",
@@ -94,7 +94,7 @@ def render_model_table(report: dict) -> str:
                    "ratio is the median, in brackets the interquartile range, of each iteration's "
                    "time over the baseline's of the same turn)")
     head = (
-        header_line(report, peak_memory_meaning(report["device"]))
+        header_line(report, report_peak_memory(report))
         + f". Input {report['size'][0]}x{report['size'][1]}, batch {report['batch']}, {median}; baseline "
         f"`{os.path.splitext(os.path.basename(report['baseline']))[0]}`.\n\n"
     )
@@ -149,7 +149,7 @@ def render_layer_tables(report: dict) -> str:
               f"{rounds} rounds over the cases in turn, each case in each round {report['iters']} "
               f"iterations after {report['warmup']} warm-up; the median of the rounds' medians")
     out = [
-        header_line(report, peak_memory_meaning(report["device"]))
+        header_line(report, report_peak_memory(report))
         + f". Batch {report['batch']}, AMP {'on' if report['amp'] else 'off'}, forward + backward, "
         f"{median}. Reference check (float64, "
         "max abs diff naive vs ours): "

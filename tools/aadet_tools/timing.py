@@ -20,11 +20,21 @@ Peak memory (:class:`PeakMemory`), what "peak" means on each device:
   allocator's reserve is not counted).
 * CPU: the process' resident-set high-water mark (``VmHWM``), reset at the start of the block
   by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0), minus the resident set at the
-  start. PyTorch's CPU allocator hands large tensors back to the OS when freed, so this is close
-  to the tensor memory the block needed at its peak (plus allocator and library scratch). Where
-  ``clear_refs`` is unavailable, ``ru_maxrss`` (never reset) is used and ``exact`` is False.
-  Run cases in a fresh process (:func:`run_worker`) so that one case's heap does not hide
-  another's.
+  start. Where ``clear_refs`` is unavailable, ``ru_maxrss`` (never reset) is used and ``exact``
+  is False. Run cases in a fresh process (:func:`run_worker`) so that one case's heap does not
+  hide another's.
+
+The resident set also holds what glibc's malloc keeps of freed tensors: it raises its mmap
+threshold as large blocks are freed (up to 32 MiB), after which tensors come from a heap whose
+freed holes stay resident; how much that adds depends on the order of the allocations more than
+on their sizes, and moves by about 20% between identical runs. So the CPU peak a benchmark
+reports comes from a **memory pass** (:func:`memory_pass_spec`, :func:`with_memory_pass`): the
+case once more, in its own process, one warm-up and one call per phase, under
+:data:`MEMORY_PASS_ENV`, where every allocation of 128 KiB or more is mapped and returned to the
+system when freed -- the peak is then the memory the block's tensors (and library scratch)
+needed, repeatable to about 1%. The timed processes keep glibc's defaults (mapping every tensor
+would add page faults to their times); their resident-set peak stays in the result as
+``timed_rss_peak_bytes``.
 """
 
 import json
@@ -57,6 +67,10 @@ __all__ = [
     "time_fn",
     "PeakMemory",
     "peak_memory_meaning",
+    "report_peak_memory",
+    "MEMORY_PASS_ENV",
+    "memory_pass_spec",
+    "with_memory_pass",
     "measure",
     "combine_rounds",
     "environment_info",
@@ -237,11 +251,54 @@ class PeakMemory:
         return False
 
 
-def peak_memory_meaning(device) -> str:
-    """What :class:`PeakMemory`'s ``peak_bytes`` is on ``device``, for report headers."""
+def peak_memory_meaning(device, memory_pass: bool = True) -> str:
+    """What a benchmark result's ``peak_bytes`` is on ``device``, for report headers (the tools
+    write it into their reports as ``peak_memory``; ``memory_pass=False``: a CPU report without
+    it, whose peaks are its timed processes')."""
     if torch.device(device).type == "cuda":
         return "CUDA max allocated above the state before the phase"
-    return "process RSS high-water mark above the state before the phase"
+    meaning = "process RSS high-water mark above the state before the phase"
+    if memory_pass:
+        meaning += ", in a memory pass where malloc maps every block >= 128 KiB and returns it when freed"
+    return meaning
+
+
+def report_peak_memory(report: dict) -> str:
+    """What the peaks of a benchmark report mean: its ``peak_memory``, or for a report written
+    without one, :func:`peak_memory_meaning` without the memory pass."""
+    return report.get("peak_memory") or peak_memory_meaning(report["device"], memory_pass=False)
+
+
+#: The environment of a CPU memory pass (module docstring): glibc's ``mallopt(M_MMAP_THRESHOLD)``
+#: fixed at 128 KiB (fixed, it is no longer raised by frees).
+MEMORY_PASS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+
+
+def memory_pass_spec(spec: dict) -> dict:
+    """A case's spec for its memory pass: one warm-up and one timed call per phase, no turns."""
+    return dict({k: v for k, v in spec.items() if k != "turns"}, warmup=1, iters=1)
+
+
+_PEAK_KEYS = ("peak_bytes", "peak_abs_bytes", "peak_exact")
+
+
+def with_memory_pass(timed: dict, mem: dict) -> dict:
+    """``timed`` (a case's result) with the peaks of its memory pass ``mem``: in the result
+    itself and in each phase (a dict value) that measured one; the timed process' own peak is
+    kept as ``timed_rss_peak_bytes``. A failed memory pass fails the case."""
+    if "error" in timed:
+        return timed
+    if "error" in mem:
+        return dict(timed, error=f"memory pass: {mem['error']}", detail=mem.get("detail"))
+
+    def adopt(t: dict, m: dict) -> dict:
+        return dict(t, timed_rss_peak_bytes=t["peak_bytes"], **{k: m.get(k) for k in _PEAK_KEYS})
+
+    out = adopt(timed, mem) if "peak_bytes" in timed else dict(timed)
+    for key, value in timed.items():
+        if isinstance(value, dict) and "peak_bytes" in value:
+            out[key] = adopt(value, mem.get(key, {}))
+    return out
 
 
 def measure(
@@ -315,15 +372,18 @@ def environment_info(device="cpu") -> Dict[str, object]:
     return info
 
 
-def run_worker(argv: Sequence[str], timeout: Optional[float] = None) -> dict:
-    """Run ``python argv...`` in a fresh process; its last stdout line must be one JSON object.
+def run_worker(argv: Sequence[str], timeout: Optional[float] = None,
+               env: Optional[Dict[str, str]] = None) -> dict:
+    """Run ``python argv...`` in a fresh process (``env``: variables added to this one's); its
+    last stdout line must be one JSON object.
 
     Raises:
         RuntimeError: with the worker's stderr tail when it fails or prints no JSON.
     """
     cmd = [sys.executable, *argv]
     proc = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+        env=dict(os.environ, **env) if env else None,
     )
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
@@ -340,9 +400,11 @@ def run_worker(argv: Sequence[str], timeout: Optional[float] = None) -> dict:
 
 
 def run_case_in_subprocess(
-    script: str, spec: dict, tmpdir: str, timeout: Optional[float] = None
+    script: str, spec: dict, tmpdir: str, timeout: Optional[float] = None,
+    env: Optional[Dict[str, str]] = None,
 ) -> dict:
-    """Run ``python script --worker SPEC.json`` (one benchmark case) in a fresh process.
+    """Run ``python script --worker SPEC.json`` (one benchmark case) in a fresh process (``env``:
+    :func:`run_worker`'s).
 
     The script's worker mode reads the JSON spec and prints its result as one JSON line. A
     failing case does not stop the run: its result is ``{**spec-identity, "error": <the
@@ -352,7 +414,7 @@ def run_case_in_subprocess(
     with os.fdopen(fd, "w") as f:
         json.dump(spec, f)
     try:
-        return run_worker([os.path.abspath(script), "--worker", spec_file], timeout=timeout)
+        return run_worker([os.path.abspath(script), "--worker", spec_file], timeout=timeout, env=env)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
         return {
