@@ -260,8 +260,15 @@ class SpatiallyAwareAttentionStem(nn.Module):
                 else:
                     out = self._attend_projected(xb, mask)  # [N, P, out]
                 out = blocks_to_map(out, bsz, (h, w), s).to(x.dtype)  # [B, out, H, W]
+        return self._norm_relu_pool(out)
+
+    def _norm_relu_pool(self, out: torch.Tensor) -> torch.Tensor:
+        """The stem's tail, ``[B, out, H, W]`` -> ``[B, out, ceil(H / b), ceil(W / b)]``: the norm,
+        ``b x b`` max pooling with stride ``b``, ReLU (what the fused C++ route computes inside
+        its kernel)."""
         if self.norm is not None:
             out = self.norm(out)
+        s = self.block_size
         # ceil_mode: the last window may be cut by the border and pools only in-map pixels.
         # ReLU after the pooling: max commutes with it (values, and the gradient, which reaches
         # the window's maximum only where it is positive), and it then runs on a 16x smaller map.

@@ -73,10 +73,7 @@ def _broken_stem(mutation: str, patch) -> None:
         if mask is not None:
             mask = mask.repeat(bsz, 1, 1, 1)
         out = stem_module.blocks_to_map(broken_attend(self, stem_module.map_to_blocks(x, b), mask), bsz, (h, w), b)
-        if pooled:
-            out = out if self.norm is None else self.norm(out)
-            out = torch.relu(torch.nn.functional.max_pool2d(out, b, b, ceil_mode=True))
-        return out
+        return self._norm_relu_pool(out) if pooled else out
 
     patch(stem_cls, "forward", broken_forward)
     patch(stem_cls, "_attend_factorized", broken_attend)

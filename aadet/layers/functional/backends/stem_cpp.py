@@ -75,6 +75,18 @@ class _StemCpp(torch.autograd.Function):
         )
 
 
+def _kernel_args(x, wq, wk, tr, tc, wv):
+    """The kernels' tensor arguments, checked: CPU, both tables or neither (None -> empty),
+    contiguous in ``x``'s dtype."""
+    if x.device.type != "cpu":
+        raise ValueError(f"impl='cpp' runs on CPU tensors; got {x.device.type} (use impl='auto')")
+    if (tr is None) != (tc is None):
+        raise ValueError("give both relative tables tr and tc, or neither")
+    if tr is None:
+        tr = tc = x.new_empty(0)
+    return [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
+
+
 def cpp_stem_attention(
     x: torch.Tensor,
     wq: torch.Tensor,
@@ -132,16 +144,6 @@ class _StemCppPooled(torch.autograd.Function):
                 need[0], need[1], need[2], need[3] or need[4], need[5],
             )
         return (*(gr if n else None for gr, n in zip(grads, need)), None, None)
-
-
-def _kernel_args(x, wq, wk, tr, tc, wv):
-    if x.device.type != "cpu":
-        raise ValueError(f"impl='cpp' runs on CPU tensors; got {x.device.type} (use impl='auto')")
-    if (tr is None) != (tc is None):
-        raise ValueError("give both relative tables tr and tc, or neither")
-    if tr is None:
-        tr = tc = x.new_empty(0)
-    return [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
 
 
 def cpp_stem_attention_norm_relu_pool(
