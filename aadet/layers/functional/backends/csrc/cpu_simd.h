@@ -29,8 +29,18 @@ class FlushDenormals {
 
 constexpr int kVecBytes = 32;
 
-// Bytes: the vector's width (32 by default; 64 for AVX-512's 16 floats, which GCC splits in two
-// where the CPU has only 32-byte registers).
+// The widest vector the CPU computes in one instruction: 64 bytes (16 floats) with AVX-512, else
+// 32 (AVX2). The kernels whose passes run across a block's queries (stem_cpu.cpp, halo_cpu.cpp)
+// take it: on a CPU without AVX-512, GCC does not just split a 64-byte vector in two but lowers
+// parts of it (comparisons, conversions: the exp) lane by lane, which made the attention stem's
+// kernel 4x slower on an AVX2 machine than with 32-byte vectors.
+#if defined(__AVX512F__)
+constexpr int kWideVecBytes = 64;
+#else
+constexpr int kWideVecBytes = 32;
+#endif
+
+// Bytes: the vector's width (32 by default; 64 for AVX-512's 16 floats).
 template <typename T, int Bytes = kVecBytes>
 struct Vec {
   static constexpr int L = Bytes / sizeof(T);

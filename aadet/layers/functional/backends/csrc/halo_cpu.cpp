@@ -26,7 +26,7 @@
 // offsets t they came from (dRT, dCT [R, Ps]); from them dQ^T gets rel^T dRT and the embeddings
 // dRT Q.
 //
-// Besides the gemm's, a block's work is a few passes over [L, Ps] on 64-byte vectors (the
+// Besides the gemm's, a block's work is a few passes over [L, Ps] on SIMD vectors (the
 // positions and the max, then exp and the sum, in forward; exp, then dS with the tables' sums, in
 // backward) and the copies between maps and buffers: runs of b + 2h values, one masked vector
 // operation each with AVX-512.
@@ -67,9 +67,9 @@ namespace {
 using aadet_cpu::exp_lanes;
 using aadet_cpu::FlushDenormals;
 
-// The per-query passes run on 64-byte vectors (16 floats, 8 doubles); a block's queries are
-// padded to a whole number of them.
-constexpr int kBytes = 64;
+// The per-query passes run on the CPU's widest vectors (64 bytes with AVX-512, else 32); a
+// block's queries are padded to a whole number of them.
+constexpr int kBytes = aadet_cpu::kWideVecBytes;
 template <typename T>
 using Vec = aadet_cpu::Vec<T, kBytes>;
 

@@ -21,9 +21,9 @@
 // W_Q[d/2:] (e = er = ec = C, cheaper where C < d: an RGB stem).
 //
 // Everything of a block is in small per-thread buffers, query-indexed arrays channel-major with
-// the block's Pv queries padded to Ps, a whole number of 64-byte vectors (zeros: their logits are
-// finite and they are never written out), so that every pass is a vector operation across the
-// queries (the layout of halo_cpu.cpp):
+// the block's Pv queries padded to Ps, a whole number of SIMD vectors (kBytes wide; zeros: their
+// logits are finite and they are never written out), so that every pass is a vector operation
+// across the queries (the layout of halo_cpu.cpp):
 //
 //   X [C, Ps] (the block's input), VT [Pv, O] (its values v_l = W_V(l) x_l),
 //   per head QF, KF [e, Ps], TR, TC [2b - 1, Ps] (the tables: TR[t, p] = tr[h, t] . qf_p[:er]),
@@ -73,7 +73,7 @@ namespace {
 using aadet_cpu::exp_lanes;
 using aadet_cpu::FlushDenormals;
 
-constexpr int kBytes = 64;
+constexpr int kBytes = aadet_cpu::kWideVecBytes;  // 64 with AVX-512, else 32
 template <typename T>
 using Vec = aadet_cpu::Vec<T, kBytes>;
 
