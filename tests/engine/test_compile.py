@@ -133,9 +133,13 @@ def test_compiled_training_matches_eager_and_its_checkpoint_loads_uncompiled(dat
     eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
     assert sorted(eager) == sorted(compiled) == [0, 1, 2]
     for it in eager:
-        # Measured: equal at iteration 0, 4e-7 and 4e-5 relative at 1 and 2 (Inductor's float32
-        # reduction order, grown by two AdamW steps; 1.6e-2 at iteration 4 of a longer run).
-        assert compiled[it][0] == pytest.approx(eager[it][0], rel=1e-4), f"loss at {it}"
+        # Inductor's float32 reduction order, grown by the AdamW steps. Measured, relative, at
+        # iterations 0 / 1 / 2: 0 / 4e-7 / 4e-5 on an AVX-512 Xeon, 8e-8 / 2e-7 / 1.0e-4 on an AVX2
+        # EPYC (1.6e-2 at iteration 4 of a longer run). The first two steps are held at 1e-5 (a
+        # compiled graph that computes something else differs far more at iteration 0), the third
+        # at 10x the largest measured.
+        rel = 1e-5 if it < 2 else 1e-3
+        assert compiled[it][0] == pytest.approx(eager[it][0], rel=rel), f"loss at {it}"
         assert compiled[it][1] == eager[it][1], f"lr at {it}"
 
     a = torch.load(tmp_path / "eager" / "model_final.pth", map_location="cpu", weights_only=False)
