@@ -79,10 +79,8 @@ from aadet_tools.timing import (  # noqa: E402
     peak_memory_meaning,
     measure,
     quantile,
-    MEMORY_PASS_ENV,
-    memory_pass_spec,
+    memory_pass,
     run_case_in_subprocess,
-    with_memory_pass,
     run_interleaved,
     worker_main,
 )
@@ -397,11 +395,8 @@ def main(argv=None) -> int:
         results = merge_rounds(rounds, combine_case)
         if device.type == "cpu":  # the peaks from a memory pass (aadet_tools/timing.py)
             print(f"[benchmark] memory pass: {len(round_specs)} cases ...", file=sys.stderr, flush=True)
-            results = [
-                r if "error" in r else with_memory_pass(r, named_case(run_case_in_subprocess(
-                    __file__, memory_pass_spec(spec), tmp, timeout=args.case_timeout, env=MEMORY_PASS_ENV), spec))
-                for r, spec in zip(results, round_specs)
-            ]
+            results = memory_pass(__file__, results, round_specs, tmp, timeout=args.case_timeout,
+                                  run=run_case_in_subprocess)
     results = add_ratios(results, baseline)
     if args.interleave:
         add_paired_spread(results, baseline)

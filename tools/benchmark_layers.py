@@ -84,10 +84,8 @@ from aadet_tools.timing import (  # noqa: E402
     peak_memory_meaning,
     combine_rounds,
     merge_rounds,
-    MEMORY_PASS_ENV,
-    memory_pass_spec,
+    memory_pass,
     run_case_in_subprocess,
-    with_memory_pass,
     worker_main,
 )
 from aadet.layers.attention_stem import STEM_ROUTES, SpatiallyAwareAttentionStem  # noqa: E402
@@ -468,8 +466,7 @@ def main(argv=None) -> int:
         results = merge_rounds(rounds, combine_rounds, failed=not_measured)
         if device.type == "cpu":  # the peaks from a memory pass (aadet_tools/timing.py)
             print(f"[benchmark_layers] memory pass: {len(specs)} cases", file=sys.stderr, flush=True)
-            results = [r if not_measured(r) else with_memory_pass(r, failed_case(r, run_case_in_subprocess(
-                __file__, memory_pass_spec(spec), tmp, env=MEMORY_PASS_ENV))) for r, spec in zip(results, specs)]
+            results = memory_pass(__file__, results, specs, tmp, run=run_case_in_subprocess)
     add_ratios(results)
     report = dict(
         device=str(device),

@@ -159,6 +159,24 @@ def test_with_memory_pass_takes_each_phases_peak_from_the_pass():
     assert spec == dict(config="a", warmup=1, iters=1)
 
 
+def test_memory_pass_reruns_each_measured_case_in_its_environment():
+    calls = []
+
+    def run(script, spec, tmp, timeout=None, env=None):
+        calls.append((script, spec, tmp, timeout, env))
+        return {"error": "killed"} if spec["case"] == "c" else dict(peak_bytes=5)
+
+    timed = [dict(case="a", peak_bytes=7), {"case": "b", "error": "x"}, {"case": "s", "skipped": "no"},
+             dict(case="c", peak_bytes=7)]
+    specs = [dict(case=r["case"], warmup=5, iters=20) for r in timed]
+    out = timing.memory_pass("tool.py", timed, specs, "/tmp/x", timeout=30, run=run)
+    assert calls == [("tool.py", dict(case=c, warmup=1, iters=1), "/tmp/x", 30, timing.MEMORY_PASS_ENV)
+                     for c in "ac"]  # failed and skipped cases are not run again
+    assert out[0] == dict(case="a", peak_bytes=5, peak_abs_bytes=None, peak_exact=None, timed_rss_peak_bytes=7)
+    assert out[1:3] == timed[1:3]
+    assert out[3]["case"] == "c" and out[3]["error"] == "memory pass: killed"  # named by its timed result
+
+
 # ----------------------------------------------------------------------------- AMP settings
 def test_amp_dtype_choice():
     assert sorted(AMP_DTYPES) == ["bfloat16", "float16"]

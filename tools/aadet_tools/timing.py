@@ -28,7 +28,7 @@ The resident set also holds what glibc's malloc keeps of freed tensors: it raise
 threshold as large blocks are freed (up to 32 MiB), after which tensors come from a heap whose
 freed holes stay resident; how much that adds depends on the order of the allocations more than
 on their sizes, and moves by about 20% between identical runs. So the CPU peak a benchmark
-reports comes from a **memory pass** (:func:`memory_pass_spec`, :func:`with_memory_pass`): the
+reports comes from a **memory pass** (:func:`memory_pass`): the
 case once more, in its own process, one warm-up and one call per phase, under
 :data:`MEMORY_PASS_ENV`, where every allocation of 128 KiB or more is mapped and returned to the
 system when freed -- the peak is then the memory the block's tensors (and library scratch)
@@ -71,6 +71,7 @@ __all__ = [
     "MEMORY_PASS_ENV",
     "memory_pass_spec",
     "with_memory_pass",
+    "memory_pass",
     "measure",
     "combine_rounds",
     "environment_info",
@@ -299,6 +300,22 @@ def with_memory_pass(timed: dict, mem: dict) -> dict:
         if isinstance(value, dict) and "peak_bytes" in value:
             out[key] = adopt(value, mem.get(key, {}))
     return out
+
+
+def memory_pass(
+    script: str, results: Sequence[dict], specs: Sequence[dict], tmpdir: str, *,
+    timeout: Optional[float] = None, run: Optional[Callable[..., dict]] = None,
+) -> List[dict]:
+    """``results`` (one per spec of ``specs``) with the peaks of a memory pass: each case that
+    was measured (neither failed nor skipped) once more in ``script``'s worker, under
+    :data:`MEMORY_PASS_ENV` with :func:`memory_pass_spec`, merged by :func:`with_memory_pass`.
+    ``run``: :func:`run_case_in_subprocess` (the caller's, so tests that fake it fake both)."""
+    run = run or run_case_in_subprocess
+    return [
+        r if "error" in r or "skipped" in r
+        else with_memory_pass(r, run(script, memory_pass_spec(spec), tmpdir, timeout=timeout, env=MEMORY_PASS_ENV))
+        for r, spec in zip(results, specs)
+    ]
 
 
 def measure(
