@@ -73,16 +73,31 @@ def attention_depth(ratio: float, out_channels: int, num_heads: int, min_per_hea
     return num_heads * max(per_head, min_per_head, 1)
 
 
-def _pool_to_stride(x: torch.Tensor, stride: int) -> torch.Tensor:
-    """Average pool with kernel ``2*(s//2)+1``, padding ``s//2``, stride ``s`` (3x3/2 for s=2).
+def _avg_pool_same(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """``[B, C, H, W] -> [B, C, floor((H - 1) / s) + 1, ...]``: average pool with kernel
+    ``2*(s//2)+1``, padding ``s//2``, stride ``s`` (3x3/2 for s=2), the padding excluded from the
+    average (TF's 'SAME' average pooling).
 
-    Output size ``floor((H - 1) / s) + 1``: that of a "same"-padded odd-kernel conv of stride s.
-    Padding is excluded from the average (TF's 'SAME' average pooling).
+    On CPU it runs as a depthwise convolution with a constant all-ones kernel, divided by each
+    window's count of in-map pixels: oneDNN's depthwise convolution and its input gradient cost
+    less than ``avg_pool2d``'s channels-first CPU kernels and their backward (the demo AA's
+    profile, BENCHMARKS.md); elsewhere, and under tracing (ONNX export, FLOP counting: a pool,
+    not a convolution), ``F.avg_pool2d``. Equal to it up to float rounding.
     """
-    if stride == 1:
-        return x
     p = stride // 2
-    return F.avg_pool2d(x, 2 * p + 1, stride, p, count_include_pad=False)
+    k = 2 * p + 1
+    if x.device.type != "cpu" or torch.jit.is_tracing():
+        return F.avg_pool2d(x, k, stride, p, count_include_pad=False)
+    c, (h, w) = x.shape[1], x.shape[-2:]
+    ones = x.new_ones(1, 1, h, w)
+    count = F.conv2d(ones, x.new_ones(1, 1, k, k), stride=stride, padding=p)  # [1, 1, Ho, Wo]
+    return F.conv2d(x, x.new_ones(c, 1, k, k), stride=stride, padding=p, groups=c) / count
+
+
+def _pool_to_stride(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """Average pool to the stride (:func:`_avg_pool_same`; identity for stride 1). Output size
+    ``floor((H - 1) / s) + 1``: that of a "same"-padded odd-kernel conv of stride s."""
+    return x if stride == 1 else _avg_pool_same(x, stride)
 
 
 def _conv_out_size(size: int, kernel_size: int, stride: int, dilation: int, padding: int) -> int:
@@ -330,7 +345,7 @@ class AugmentedConv2d(nn.Module):
         """Pool ``x`` to the attention grid and add/concat the absolute position encoding."""
         x = _pool_to_stride(x, self.stride)  # [B, Fin, Ho, Wo]
         if self.attention_downsample:
-            x = F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)  # [B, Fin, h, w]
+            x = _avg_pool_same(x, 2)  # 3x3/2 [B, Fin, h, w]
         b, _, h, w = x.shape
         if self.positional_encoding == "sine2d":
             x = x + sine_2d(h, w, self.in_channels, device=x.device, dtype=x.dtype)

@@ -337,3 +337,23 @@ def test_flop_count_agrees_with_fvcore_on_the_convolutions():
                         positional_encoding="coordconv").eval()
     report = count_flops(m, torch.randn(2, 8, 11, 9))  # convs traced, attention by formula
     assert report.total == m.flop_count((11, 9), batch=2)["total"]
+
+
+# ----------------------------------------------------------------------------- pooling
+@pytest.mark.parametrize("stride", [2, 4])
+@pytest.mark.parametrize("hw", [(1, 1), (2, 3), (9, 8), (16, 13)])
+def test_pooling_to_the_stride_is_same_average_pooling(stride, hw):
+    """The CPU route (a depthwise ones convolution over each window's in-map count) equals
+    ``avg_pool2d`` with the padding excluded, in values and input gradients."""
+    from aadet.layers.augmented_conv import _pool_to_stride
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *hw, dtype=torch.float64, requires_grad=True)
+    p = stride // 2
+    ref = F.avg_pool2d(x, 2 * p + 1, stride, p, count_include_pad=False)
+    out = _pool_to_stride(x, stride)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(ref, x, g)[0],
+                               rtol=1e-12, atol=1e-12)
+    assert _pool_to_stride(x, 1) is x
