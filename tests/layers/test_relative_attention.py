@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from aadet.layers.functional import (
-    rel_to_abs,
     relative_attention_weights_2d,
-    relative_logits_1d,
+    relative_windows,
     relative_self_attention_2d,
     relative_table_for_length,
 )
@@ -37,26 +36,21 @@ def _inputs(b, nh, h, w, dk, dv, dtype=torch.float64, scale=1.0, seed=0):
 
 
 # ----------------------------------------------------------------------------- helpers
-def test_rel_to_abs_indexing():
-    for length in (1, 2, 5):
-        x = torch.randn(2, 3, length, 2 * length - 1)
-        out = rel_to_abs(x)
-        assert out.shape == (2, 3, length, length)
-        for i in range(length):
-            for j in range(length):
-                assert torch.equal(out[..., i, j], x[..., i, j - i + length - 1])
-        torch.testing.assert_close(out, tf_rel_to_abs(x), rtol=0, atol=0)
-
-
-def test_relative_logits_1d_matches_definition():
-    q = torch.randn(2, 3, 6, 4, dtype=torch.float64)
-    rel = torch.randn(11, 4, dtype=torch.float64)
-    out = relative_logits_1d(q, rel)
-    ref = torch.stack([torch.stack([q[..., i, :] @ rel[j - i + 5] for j in range(6)], -1)
-                       for i in range(6)], -2)
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match=r"rel must have shape \[2L-1, d\]"):
-        relative_logits_1d(q, rel[:10])
+def test_relative_windows_gather_the_offsets_and_their_gradients():
+    rel = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
+    out = relative_windows(rel, 6)
+    assert out.shape == (6, 6, 4)
+    for i in range(6):
+        for j in range(6):
+            assert torch.equal(out[i, j], rel[j - i + 5])
+    q = torch.randn(2, 3, 6, 4, dtype=torch.float64)  # the products equal the paper's rel_to_abs way
+    torch.testing.assert_close(torch.einsum("bnid,ijd->bnij", q, out), tf_rel_to_abs(q @ rel.T),
+                               rtol=1e-12, atol=1e-12)
+    out.backward(torch.ones_like(out))
+    uses = torch.tensor([6 - abs(m - 5) for m in range(11)], dtype=torch.float64)  # offsets' counts
+    torch.testing.assert_close(rel.grad, uses[:, None].expand(11, 4))
+    with pytest.raises(ValueError, match=r"rel must have shape \[2L-1, d\] with 2L-1 = 11"):
+        relative_windows(rel[:10], 6)
 
 
 def test_relative_table_for_length_centre_slice_and_clipping():

@@ -70,10 +70,9 @@ from .local_attention import (  # noqa: F401
 )
 from .logit_tables import LOGIT_TABLE_BACKENDS, attention_with_logit_tables  # noqa: F401
 from .relative_attention import (  # noqa: F401
-    rel_to_abs,
     relative_attention_weights_2d,
     relative_logit_tables_2d,
-    relative_logits_1d,
+    relative_windows,
     relative_self_attention_2d,
     relative_table_for_length,
 )

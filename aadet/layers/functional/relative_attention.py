@@ -14,11 +14,12 @@ with ``rel_h`` ``[2H-1, d]`` and ``rel_w`` ``[2W-1, d]`` learned embeddings of t
 minus query* (the paper's ``r^H_{l-i}``, ``r^W_{m-j}``). The paper's memory-efficient algorithm
 never stores ``[HW, HW, d]``: one einsum of ``q`` with ``rel`` gives ``[.., L, 2L-1]`` logits
 per query row, and ``rel_to_abs`` (a pad-and-reshape) turns the relative column index into the
-absolute key coordinate. We go one step further and never tile those ``[.., HW, H]`` /
-``[.., HW, W]`` tables to ``[HW, HW]`` either: they are handed, with the row/column of every
-key, to a route of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`
-(its registry, :func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds
-them inside a fused attention kernel (or a chunked float32 softmax).
+absolute key coordinate (ported line by line in :mod:`.reference`). We take each query row's
+``L`` embeddings as a window of ``rel`` (:func:`relative_windows`) and multiply by that, half the
+products and no reshapes, and never tile the ``[.., HW, H]`` / ``[.., HW, W]`` tables to
+``[HW, HW]``: they are handed, with the row/column of every key, to a route of
+:func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` (its registry,
+:func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds them inside a fused attention kernel (or a chunked float32 softmax).
 
 No scaling happens here: the caller scales ``q`` (by ``dkh ** -0.5``) *before*, so the relative
 logits see the scaled query, exactly as in the paper's code.
@@ -38,9 +39,8 @@ from .dispatch import AUTO
 from .logit_tables import LOGIT_TABLE_BACKENDS, logit_table_backend
 
 __all__ = [
-    "rel_to_abs",
-    "relative_logits_1d",
     "relative_logit_tables_2d",
+    "relative_windows",
     "relative_table_for_length",
     "relative_self_attention_2d",
     "relative_self_attention_2d_unchecked",
@@ -51,50 +51,6 @@ __all__ = [
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half types and float32, float64 for float64 (references, gradcheck)."""
     return torch.promote_types(dtype, torch.float32)
-
-
-def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
-    """Relative to absolute indexing: ``out[..., i, j] = x[..., i, j - i + L - 1]``.
-
-    The paper's pad-and-reshape trick (Appendix A.3, ``rel_to_abs``): append one zero column,
-    flatten, append ``L - 1`` zeros, view as ``[L + 1, 2L - 1]`` and keep ``[:L, L - 1:]``.
-    Row ``i`` is then shifted left by ``L - 1 - i``, i.e. column ``j`` holds relative index
-    ``j - i + L - 1``.
-
-    Args:
-        x: ``[*, L, 2L - 1]``, the last axis indexed by ``offset + L - 1``.
-
-    Returns:
-        ``[*, L, L]``, the last axis indexed by the absolute (key) coordinate.
-    """
-    *batch, length, m = x.shape
-    if m != 2 * length - 1:
-        raise ValueError(f"rel_to_abs expects x of shape [*, L, 2L-1]; got {tuple(x.shape)}")
-    x = torch.nn.functional.pad(x, (0, 1))  # [*, L, 2L]
-    x = x.reshape(*batch, 2 * length * length)  # [*, 2L^2]
-    x = torch.nn.functional.pad(x, (0, length - 1))  # [*, 2L^2 + L - 1] = [*, (L+1)(2L-1)]
-    x = x.reshape(*batch, length + 1, 2 * length - 1)  # [*, L + 1, 2L - 1]
-    return x[..., :length, length - 1:]  # [*, L, L]
-
-
-def relative_logits_1d(q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
-    """Relative logits along one axis: ``out[..., i, j] = q[..., i, :] . rel[j - i + L - 1]``.
-
-    Args:
-        q: ``[*, L, d]`` queries along the axis (the other axes in ``*``).
-        rel: ``[2L - 1, d]`` embeddings of the offsets ``-(L-1) .. L-1``.
-
-    Returns:
-        ``[*, L, L]``: for query ``i`` and key coordinate ``j`` along the axis.
-    """
-    length, d = q.shape[-2:]
-    if tuple(rel.shape) != (2 * length - 1, d):
-        raise ValueError(
-            f"rel must have shape [2L-1, d] = [{2 * length - 1}, {d}] for q of shape "
-            f"{tuple(q.shape)}; got {tuple(rel.shape)}"
-        )
-    logits = torch.matmul(q, rel.transpose(0, 1))  # [*, L, 2L-1]
-    return rel_to_abs(logits)  # [*, L, L]
 
 
 def relative_logit_tables_2d(
@@ -126,17 +82,28 @@ def relative_logit_tables_2d(
     with torch.autocast(device_type=q.device.type, enabled=False):
         qc = q.to(ct)
         pos = torch.arange(h * w, device=q.device)
+        # Each query row y meets the H embeddings rel_h[y' - y + H - 1] (y' = 0 .. H-1), a window
+        # of rel_h: one product per row with its window, instead of the paper's [.., L, 2L - 1]
+        # logits turned by rel_to_abs (half the products, no pad-and-reshape copies).
         if rel_h is not None:
-            # Rows play the role of L: move H next to d. [B, Nh, W, H, d] -> [B, Nh, W, H, H]
-            th = relative_logits_1d(qc.transpose(2, 3), rel_h.to(ct))
-            th = th.transpose(2, 3).reshape(b, nh, h * w, h)  # [B, Nh, H, W, H] -> [B, Nh, HW, H]
-            tables.append(th)
+            th = torch.einsum("bnyxd,yjd->bnyxj", qc, relative_windows(rel_h.to(ct), h))  # [B, Nh, H, W, H]
+            tables.append(th.reshape(b, nh, h * w, h))  # [B, Nh, HW, H]
             key_index.append(pos // w)
         if rel_w is not None:
-            tw = relative_logits_1d(qc, rel_w.to(ct))  # [B, Nh, H, W, W]
+            tw = torch.einsum("bnyxd,xjd->bnyxj", qc, relative_windows(rel_w.to(ct), w))  # [B, Nh, H, W, W]
             tables.append(tw.reshape(b, nh, h * w, w))  # [B, Nh, HW, W]
             key_index.append(pos % w)
     return tables, key_index
+
+
+def relative_windows(rel: torch.Tensor, length: int) -> torch.Tensor:
+    """``[2L - 1, d] -> [L, L, d]``: ``out[i, j] = rel[j - i + L - 1]``, the embedding of the
+    offset key ``j`` minus query ``i`` along an axis of length ``L`` (gathered; gradients
+    accumulate back into ``rel``)."""
+    if rel.dim() != 2 or rel.shape[0] != 2 * length - 1:
+        raise ValueError(f"rel must have shape [2L-1, d] with 2L-1 = {2 * length - 1}; got {tuple(rel.shape)}")
+    i = torch.arange(length, device=rel.device)
+    return rel[i[None, :] - i[:, None] + length - 1]
 
 
 def relative_table_for_length(table: torch.Tensor, length: int) -> torch.Tensor:
