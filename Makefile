@@ -30,8 +30,9 @@ lint: setup
 
 # Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
 # when a change touches attention, training or the recipe. CI (.ci/run) runs lint, test, then test-learning.
+# `make test` ends with its 30 slowest tests (--durations): where to look when it grows.
 test: setup
-	$(PY) -m pytest -q -m "not learning" tests
+	$(PY) -m pytest -q -m "not learning" --durations=30 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not learning" tests
