@@ -187,8 +187,11 @@ def render_headline_table(results: Mapping[str, Mapping], names: Sequence[str] =
                           baseline: str = BASELINE) -> str:
     """Per entry: seeds, val AP50 and its ratio to ``baseline`` (val: the instrument), test AP50
     (transfer to an unseen site), each ``mean ±sampling error (min–max over seeds)``, AP on both
-    splits and training minutes (runs that had the CPU to themselves; "CPU shared" when none)."""
+    splits and training minutes (runs that had the CPU to themselves; "CPU shared" when none),
+    each with its CPU where the entries' runs were made on different CPUs."""
     base = results.get(baseline)
+    timed = [results[n] for n in names if n in results and results[n]["train_minutes"]]
+    mixed = len({tuple(e["machines"]) for e in timed}) > 1
     lines = [
         "| Config | Seeds | AP50 val | vs conv (val) | AP50 test | AP val | AP test | Training (min) |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|",
@@ -206,6 +209,8 @@ def render_headline_table(results: Mapping[str, Mapping], names: Sequence[str] =
             ratio = "–"
         ap = [stats_cell(e[s]["AP"], e[s]["n"]) if s in e else "–" for s in (VAL, TEST)]
         minutes = stats_cell(e["train_minutes"], e["timed_runs"]) if e["train_minutes"] else "CPU shared"
+        if mixed and e["train_minutes"]:
+            minutes += " on " + " / ".join(m.split(",")[0] for m in e["machines"])
         lines.append(f"| `{name}` | {len(e['seeds'])} | {_ap50_cell(e, VAL)} | {ratio} "
                      f"| {_ap50_cell(e, TEST)} | {ap[0]} | {ap[1]} | {minutes} |")
     return "\n".join(lines) + "\n"
