@@ -19,7 +19,8 @@ absolute key coordinate (ported line by line in :mod:`.reference`). We take each
 products and no reshapes, and never tile the ``[.., HW, H]`` / ``[.., HW, W]`` tables to
 ``[HW, HW]``: they are handed, with the row/column of every key, to a route of
 :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` (its registry,
-:func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds them inside a fused attention kernel (or a chunked float32 softmax).
+:func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds them inside a
+fused attention kernel (or a chunked float32 softmax).
 
 No scaling happens here: the caller scales ``q`` (by ``dkh ** -0.5``) *before*, so the relative
 logits see the scaled query, exactly as in the paper's code.
