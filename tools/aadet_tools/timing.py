@@ -28,13 +28,12 @@ The resident set also holds what glibc's malloc keeps of freed tensors: it raise
 threshold as large blocks are freed (up to 32 MiB), after which tensors come from a heap whose
 freed holes stay resident; how much that adds depends on the order of the allocations more than
 on their sizes, and moves by about 20% between identical runs. So the CPU peak a benchmark
-reports comes from a **memory pass** (:func:`memory_pass`): the
-case once more, in its own process, one warm-up and one call per phase, under
-:data:`MEMORY_PASS_ENV`, where every allocation of 128 KiB or more is mapped and returned to the
-system when freed -- the peak is then the memory the block's tensors (and library scratch)
-needed, repeatable to about 1%. The timed processes keep glibc's defaults (mapping every tensor
-would add page faults to their times); their resident-set peak stays in the result as
-``timed_rss_peak_bytes``.
+reports comes from a **memory pass** (:func:`memory_pass`): the case once more, in its own
+process, one warm-up and one call per phase, under :data:`MEMORY_PASS_ENV`, where every
+allocation of 128 KiB or more is mapped and returned to the system when freed -- the peak is
+then the memory the block's tensors (and library scratch) needed, repeatable to about 1%. The
+timed processes keep glibc's defaults (mapping every tensor would add page faults to their
+times); their resident-set peak stays in the result as ``timed_rss_peak_bytes``.
 """
 
 import json
