@@ -7,7 +7,7 @@ DEMO_OUT ?= output/demo
 export DETECTRON2_DATASETS ?= $(abspath $(DATA))
 export AADET_DATASETS ?= $(abspath $(DATA))
 
-.PHONY: setup data demo lint test test-fast test-learning test-multimachine docs clean-demo gpu-check triton-side
+.PHONY: setup data demo lint test test-fast test-learning test-packaging test-multimachine docs clean-demo gpu-check triton-side
 
 setup: $(VENV)/.aadet-setup-done
 
@@ -28,11 +28,15 @@ demo: data
 lint: setup
 	$(PY) -m ruff check aadet tools tests configs
 
-# Three tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
-# when a change touches attention, training or the recipe. CI (.ci/run) runs lint, test, then test-learning.
-# `make test` ends with its 30 slowest tests (--durations): where to look when it grows.
+# Four tiers (markers in pytest.ini): test-fast while editing, test before a commit, test-learning
+# when a change touches attention, training or the recipe, test-packaging when it touches the install
+# scripts, the requirements or a Triton kernel. CI (.ci/run) runs lint, test, test-packaging, test-learning.
+# `make test` runs on TEST_WORKERS pytest-xdist workers (default: one per core) of one thread each,
+# so that 2 cores run two tests rather than two threads of one test fighting over both; it ends with
+# its 30 slowest tests (--durations): where to look when it grows.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q -m "not learning" --durations=30 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not learning and not packaging" --durations=30 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not learning" tests
@@ -44,6 +48,11 @@ test-multimachine: setup
 # The short trainings that must reach an AP on the demo data and on generated fields.
 test-learning: setup
 	$(PY) -m pytest -q -m learning tests
+
+# Installing without a package index from a wheel folder, and the Triton kernels compiled for sm_90
+# under the lent GPU machines' Triton (both need the index to prepare: wheels, the side Triton).
+test-packaging: setup triton-side
+	$(PY) -m pytest -q -m packaging tests
 
 # Regenerate every generated table of the docs, the model table counted again (tools/update_docs.py).
 docs: setup
@@ -61,7 +70,7 @@ gpu-check: setup
 
 # The lent GPU machines' Triton (their triton== line in requirements/gpu-machine-installed.txt) in a
 # side folder beside the venv's own, never imported unless put first on PYTHONPATH:
-# tests/layers/test_triton_versions.py (slow) compiles every kernel for sm_90 with it. CI makes it.
+# tests/layers/test_triton_versions.py (`make test-packaging`) compiles every kernel for sm_90 with it.
 TRITON_SIDE_VERSION := $(shell sed -n 's/^triton==//p' requirements/gpu-machine-installed.txt)
 TRITON_SIDE ?= .cache/triton$(TRITON_SIDE_VERSION)
 triton-side: $(TRITON_SIDE)/.aadet-done

@@ -143,9 +143,19 @@ def pytest_collection_modifyitems(config, items):
 # finished test (and one with the number collected) as the run goes: a run cut off at a timeout
 # (a lent GPU machine's stage budget) still says what passed, what failed and how long each test
 # took, where the junit XML is only written at the end. tools/gpu_check.py sets and reads it.
+# Whether this process is an xdist worker (under xdist the controller writes). Asked of the
+# config, not of $PYTEST_XDIST_WORKER: a pytest that a worker's test starts inherits that variable.
+_XDIST_WORKER = False
+
+
+def pytest_configure(config):
+    global _XDIST_WORKER
+    _XDIST_WORKER = hasattr(config, "workerinput")
+
+
 def _progress(record: dict) -> None:
     path = os.environ.get(TEST_PROGRESS_ENV)
-    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist the controller writes
+    if path and not _XDIST_WORKER:
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
 

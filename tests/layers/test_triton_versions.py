@@ -6,7 +6,7 @@ non-slow ones) run again in a subprocess whose ``import triton`` finds the machi
 That Triton lives in a side folder (``make triton-side``: ``pip install --target``, default
 ``.cache/triton<version>``, ``$AADET_TRITON_SIDE`` to move it), never installed into the
 environment; its version is the machines' ``triton==`` line of
-``requirements/gpu-machine-installed.txt``. CI (``.ci/run``) makes it before ``make test``.
+``requirements/gpu-machine-installed.txt``. CI (``.ci/run``) makes it before ``make test-packaging``.
 """
 import os
 import re
@@ -30,6 +30,7 @@ def machine_triton_version() -> str:
 SIDE = os.environ.get("AADET_TRITON_SIDE", os.path.join(REPO, ".cache", f"triton{machine_triton_version()}"))
 
 
+@pytest.mark.packaging
 @pytest.mark.slow  # 75 s on 2 cores (measured with Triton 3.6.0): every kernel compiled anew, no cache
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SIDE, "triton")),
                     reason=f"no Triton side folder {SIDE}: `make triton-side` makes it")

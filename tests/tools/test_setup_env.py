@@ -110,6 +110,7 @@ def make_system_torch(target):
     return sorted({name for name, _ in seen})
 
 
+@pytest.mark.packaging
 @pytest.mark.slow
 def test_install_from_a_wheelhouse_without_an_index_keeps_the_system_torch(tmp_path):
     py = sys.executable
@@ -178,6 +179,7 @@ def test_install_from_a_wheelhouse_without_an_index_keeps_the_system_torch(tmp_p
     assert p.returncode == 1 and "deepforest-2.1.0-py3-none-any.whl" in p.stderr
 
 
+@pytest.mark.packaging
 @pytest.mark.slow
 def test_wheelhouse_for_the_lent_gpu_python_resolves(tmp_path):
     # The GPU machines run CPython 3.12 on manylinux x86_64: every requirement must resolve to
