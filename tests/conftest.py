@@ -143,8 +143,8 @@ def pytest_collection_modifyitems(config, items):
 # finished test (and one with the number collected) as the run goes: a run cut off at a timeout
 # (a lent GPU machine's stage budget) still says what passed, what failed and how long each test
 # took, where the junit XML is only written at the end. tools/gpu_check.py sets and reads it.
-# Whether this process is an xdist worker (under xdist the controller writes). Asked of the
-# config, not of $PYTEST_XDIST_WORKER: a pytest that a worker's test starts inherits that variable.
+# Under xdist only the controller writes. Whether this process is a worker is asked of its config,
+# not of $PYTEST_XDIST_WORKER, which a pytest started by a worker's test inherits.
 _XDIST_WORKER = False
 
 
