@@ -40,12 +40,30 @@ def test_auto_takes_the_kernel_on_cpu_and_materialized_for_float64():
     assert auto_logit_table_impl(torch.zeros(1, 1, 4, 2, dtype=torch.float64)) == "materialized"
 
 
+@pytest.fixture(params=["kept", "recomputed"])
+def probabilities(request, monkeypatch):
+    """Both ways backward gets the probabilities: kept from forward (the default at these sizes)
+    or recomputed from the log-sum-exp (a cap of 0 bytes)."""
+    if request.param == "recomputed":
+        monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", 0)
+    return request.param
+
+
+def _kept_bytes(out):
+    """Bytes of the probabilities the kernel kept for ``out``'s backward (saved last; 0: none)."""
+    node = out.grad_fn
+    while type(node).__name__ != "_CppRowColAttentionBackward":
+        node = node.next_functions[0][0]
+    p = node.saved_tensors[-1]
+    return p.numel() * p.element_size()
+
+
 # float32 runs 8 lanes a vector, queries 4 a block: whole and partial vectors, rows narrower than
 # one vector, a single column and a single row, query counts L % 4 = 0..3.
 @pytest.mark.parametrize("h,w", [(3, 19), (5, 8), (7, 9), (13, 1), (1, 17), (2, 3), (1, 1)])
 @pytest.mark.parametrize("rel", [(True, True), (True, False), (False, True), (False, False)],
                          ids=["both", "h_only", "w_only", "none"])
-def test_float32_matches_brute_force(h, w, rel):
+def test_float32_matches_brute_force(h, w, rel, probabilities):
     ins = _inputs(h, w, rel=rel)
     cot = torch.randn(2, 3, h, w, 3)
     out, grads = _grads(lambda *a: relative_self_attention_2d(*a, impl="cpp"), ins, cot)
@@ -55,6 +73,39 @@ def test_float32_matches_brute_force(h, w, rel):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-4)
+
+
+def test_float64_gradcheck(probabilities):
+    q, k, v, rh, rw = (t.detach().double().requires_grad_(True) for t in _inputs(3, 5, dk=3, dv=2, seed=3))
+    fn = lambda *a: relative_self_attention_2d(*a, impl="cpp")  # noqa: E731
+    assert (_kept_bytes(fn(q, k, v, rh, rw)) > 0) == (probabilities == "kept")
+    assert torch.autograd.gradcheck(fn, (q, k, v, rh, rw))
+
+
+def test_probabilities_are_kept_only_for_a_backward_and_where_they_fit(monkeypatch):
+    q, k, v, rh, rw = _inputs(5, 7)  # N = 2 x 3 slices, L = 35 queries, keys padded to 5 x 8
+    size = 6 * 35 * 40 * 4
+    assert _kept_bytes(relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")) == size
+    monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size - 1)
+    assert _kept_bytes(relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")) == 0
+    monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size)
+    # no backward follows: inference, or inputs that need no gradient
+    ext, keeps = logit_tables_cpp.KERNEL.extension("cpp"), []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def forward(self, *args):
+            keeps.append(args[-1])
+            return ext.forward(*args)
+
+    monkeypatch.setattr(logit_tables_cpp.KERNEL, "extension", lambda impl: Spy())
+    with torch.no_grad():
+        relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")
+    relative_self_attention_2d(*(t.detach() for t in (q, k, v, rh, rw)), impl="cpp")
+    relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")
+    assert keeps == [False, False, True]
 
 
 def test_large_logits_keep_the_softmax_exact():

@@ -13,9 +13,11 @@ wide and adds the row term (one scalar per key row) and the column term (one vec
 key columns) to the logits as it computes them:
 
 * forward: four queries at a time, their logits over every key in a per-thread buffer (``HW``
-  values each, never ``HW x HW``), an exact two-pass softmax, the weighted sum of the values;
-  saved for backward: the output and one log-sum-exp per query;
-* backward: the probabilities recomputed from the log-sum-exp (flash-attention style), then
+  values each), an exact two-pass softmax, the weighted sum of the values; saved for backward:
+  the output, one log-sum-exp per query and, where they fit
+  (:data:`KEEP_PROBABILITIES_MAX_BYTES`) and a backward follows, the probabilities;
+* backward: the kept probabilities, or else recomputed from the log-sum-exp (flash-attention
+  style, nothing of size ``HW x HW`` stored), then
   ``dL/dq`` (content term), ``dL/dk``, ``dL/dv`` and the tables' gradients (the row and column sums
   of ``dL/dlogits``) in the same pass. The tables' gradients reach ``q`` and the relative
   embeddings through autograd of
@@ -31,7 +33,6 @@ raises with the build error. The custom function does not export: under tracing 
 from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ..checks import check_row_col_tables, row_col_tables_from_index
 from .cpu_kernels import KERNELS
@@ -47,19 +48,34 @@ def available() -> bool:
     return KERNEL.available()
 
 
-def _transposed_keys(t: torch.Tensor, h: int, w: int, wq: int) -> torch.Tensor:
-    """``[N, L, d]`` -> ``[N, d, H, Wq]`` (keys along rows, zero columns beyond W), contiguous."""
-    n, _, d = t.shape
-    return F.pad(t.reshape(n, h, w, d).permute(0, 3, 1, 2), (0, wq - w)).contiguous()
+def _transposed_keys(t: torch.Tensor, h: int, w: int, wq: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[*, L, d]`` (any strides) -> ``[N, d, H, Wq]`` in ``dtype`` (keys along rows, zero columns
+    beyond W), contiguous: one copy. An AA layer's keys and values are ``[B, Nh, d, H, W]`` slices
+    of its projection's channels seen as ``[B, Nh, L, d]``, so this reads them in their own order."""
+    *batch, _, d = t.shape
+    size = (*batch, d, h, wq)
+    out = t.new_zeros(size, dtype=dtype) if wq > w else t.new_empty(size, dtype=dtype)
+    out[..., :w].copy_(t.unflatten(-2, (h, w)).movedim(-1, -3))
+    return out.view(-1, d, h, wq)
 
 
-def _untransposed(t: torch.Tensor, w: int) -> torch.Tensor:
-    """``[N, d, H, Wq]`` -> ``[N, L, d]`` (the inverse of :func:`_transposed_keys`)."""
+def _untransposed(t: torch.Tensor, w: int, shape: torch.Size) -> torch.Tensor:
+    """``[N, d, H, Wq]`` -> ``shape`` ``[*, L, d]`` (the inverse of :func:`_transposed_keys`)."""
     n, d, h, _ = t.shape
-    return t[..., :w].permute(0, 2, 3, 1).reshape(n, h * w, d)
+    return t[..., :w].permute(0, 2, 3, 1).reshape(shape)
+
+
 
 
 _EMPTY = torch.empty(0)
+
+#: Forward keeps the attention probabilities for backward when they take at most this many bytes
+#: per call (``N * L * H * Wq`` floats, held until backward), and backward reads them instead of
+#: recomputing the logits and their exp; larger calls recompute (flash-attention style). Keeping
+#: them makes the kernel's forward + backward faster (BENCHMARKS.md, Demo AA); 32 MiB keeps the
+#: demo's maps and COCO's res4-res5 at 256 px, and recomputes COCO's maps at 640 px. 0: always
+#: recompute.
+KEEP_PROBABILITIES_MAX_BYTES = 32 * 2**20
 
 
 class _CppRowColAttention(torch.autograd.Function):
@@ -67,43 +83,45 @@ class _CppRowColAttention(torch.autograd.Function):
     ``width`` W -> ``[N, L, dv]`` (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, t_row, t_col, width):
+    def forward(ctx, q, k, v, t_row, t_col, width, backward_follows):
         ext = KERNEL.extension("cpp")
         dtypes = (q.dtype, k.dtype, v.dtype,
                   None if t_row is None else t_row.dtype, None if t_col is None else t_col.dtype)
         ct = torch.promote_types(q.dtype, torch.float32)
-        n, length, _ = q.shape
+        *batch, length, _ = q.shape
         h, w = length // width, width
         with torch.autocast(device_type="cpu", enabled=False):
             lanes = ext.vector_lanes(torch.empty(0, dtype=ct))
             wq = -(-w // lanes) * lanes
-            qc = q.to(ct).contiguous()
-            kt = _transposed_keys(k.to(ct), h, w, wq)
-            vt = _transposed_keys(v.to(ct), h, w, wq)
-            tr = _EMPTY.to(ct) if t_row is None else t_row.to(ct).contiguous()
-            tc = _EMPTY.to(ct) if t_col is None else t_col.to(ct).contiguous()
-            out, lse = ext.forward(qc, kt, vt, tr, tc, w)
-        ctx.save_for_backward(qc, kt, vt, tr, tc, out, lse)
-        ctx.width, ctx.dtypes = w, dtypes
-        return out.to(dtypes[2])
+            qc = q.to(ct).reshape(-1, length, q.shape[-1]).contiguous()
+            kt = _transposed_keys(k, h, w, wq, ct)
+            vt = _transposed_keys(v, h, w, wq, ct)
+            tr = _EMPTY.to(ct) if t_row is None else t_row.to(ct).reshape(-1, length, h).contiguous()
+            tc = _EMPTY.to(ct) if t_col is None else t_col.to(ct).reshape(-1, length, w).contiguous()
+            # the probabilities kept for backward where they fit (KEEP_PROBABILITIES_MAX_BYTES)
+            keep = backward_follows and qc.shape[0] * length * h * wq * ct.itemsize <= KEEP_PROBABILITIES_MAX_BYTES
+            out, lse, p = ext.forward(qc, kt, vt, tr, tc, w, keep)  # out [N, dv, L]
+        ctx.save_for_backward(qc, kt, vt, tr, tc, out, lse, p)
+        ctx.width, ctx.dtypes, ctx.shapes = w, dtypes, (q.shape, k.shape, v.shape)
+        return out.transpose(1, 2).view(*batch, length, v.shape[-1]).to(dtypes[2])
 
     @staticmethod
     def backward(ctx, grad_out):
-        qc, kt, vt, tr, tc, out, lse = ctx.saved_tensors
+        qc, kt, vt, tr, tc, out, lse, p = ctx.saved_tensors
         ext = KERNEL.extension("cpp")
-        w, dtypes = ctx.width, ctx.dtypes
+        w, dtypes, shapes = ctx.width, ctx.dtypes, ctx.shapes
         with torch.autocast(device_type="cpu", enabled=False):
-            g = grad_out.to(qc.dtype).contiguous()
-            gq, gkt, gvt, gtr, gtc = ext.backward(qc, kt, vt, tr, tc, out, g, lse, w)
+            g = grad_out.to(qc.dtype).reshape(qc.shape[0], qc.shape[1], -1).contiguous()
+            gq, gkt, gvt, gtr, gtc = ext.backward(qc, kt, vt, tr, tc, out, g, lse, p, w)
         need = ctx.needs_input_grad
         grads = [
-            gq.to(dtypes[0]) if need[0] else None,
-            _untransposed(gkt, w).to(dtypes[1]) if need[1] else None,
-            _untransposed(gvt, w).to(dtypes[2]) if need[2] else None,
-            gtr.to(dtypes[3]) if need[3] and dtypes[3] is not None else None,
-            gtc.to(dtypes[4]) if need[4] and dtypes[4] is not None else None,
+            gq.view(shapes[0]).to(dtypes[0]) if need[0] else None,
+            _untransposed(gkt, w, shapes[1]).to(dtypes[1]) if need[1] else None,
+            _untransposed(gvt, w, shapes[2]).to(dtypes[2]) if need[2] else None,
+            gtr.view(*shapes[0][:-1], -1).to(dtypes[3]) if need[3] and dtypes[3] is not None else None,
+            gtc.view(*shapes[0][:-1], -1).to(dtypes[4]) if need[4] and dtypes[4] is not None else None,
         ]
-        return (*grads, None)
+        return (*grads, None, None)
 
 
 def cpp_attention_with_row_col_tables(
@@ -128,13 +146,9 @@ def cpp_attention_with_row_col_tables(
     if q.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
     check_row_col_tables(q, k, v, t_row, t_col, width)
-    *batch, length, _ = q.shape
-
-    def flat(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else t.reshape(-1, length, t.shape[-1])
-
-    out = _CppRowColAttention.apply(flat(q), flat(k), flat(v), flat(t_row), flat(t_col), width)
-    return out.reshape(*batch, length, v.shape[-1])
+    backward_follows = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, t_row, t_col))
+    return _CppRowColAttention.apply(q, k, v, t_row, t_col, width, backward_follows)
 
 
 def cpp_attention_with_logit_tables(

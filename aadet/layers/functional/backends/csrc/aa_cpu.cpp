@@ -13,13 +13,15 @@
 //
 // Queries are taken QB = 4 at a time, so a loaded key or value vector feeds four queries. One
 // query's logits over all keys (HW values) live in a per-thread buffer: the softmax is exact in
-// two passes (max, then exp and sum) and nothing of size HW x HW is ever stored. Saved for
-// backward: the output and the log-sum-exp of each query; backward recomputes the probabilities
-// (as flash attention does).
+// two passes (max, then exp and sum). Saved for backward: the output, the log-sum-exp of each
+// query and, if the caller asks (keep), the probabilities p [N, L, HWq]: the block's logits are
+// then computed straight into p's rows and normalized there, and backward reads them; without
+// keep nothing of size HW x HW is stored and backward recomputes them (as flash attention does).
+// The output is written channels-first, [N, dv, L]: the layout the caller's heads merge into.
 //
-//   forward(q [N, L, dk], kt, vt, t_row [N, L, H] | empty, t_col [N, L, W] | empty, W)
-//       -> (out [N, L, dv], lse [N, L])
-//   backward(q, kt, vt, t_row, t_col, out, gout [N, L, dv], lse, W)
+//   forward(q [N, L, dk], kt, vt, t_row [N, L, H] | empty, t_col [N, L, W] | empty, W, keep)
+//       -> (out [N, dv, L], lse [N, L], p [N, L, HWq] | empty)
+//   backward(q, kt, vt, t_row, t_col, out, gout [N, L, dv], lse, p | empty, W)
 //       -> (gq [N, L, dk], gkt [N, dk, H, Wq], gvt [N, dv, H, Wq], gt_row [N, L, H], gt_col [N, L, W])
 //
 // gq is the content term only (the tables' gradients reach q through the caller's autograd of the
@@ -160,7 +162,7 @@ void block_logits(const T* q, const T* kt, const T* trow, const T* tcol, const i
 
 template <typename T>
 void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T* tcol, T* out, T* lse,
-                    const Grid& g) {
+                    T* keep, const Grid& g) {
   using V = Vec<T>;
   const int64_t blocks = (g.L + QB - 1) / QB;
   at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
@@ -173,6 +175,8 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
       const int64_t n = nb / blocks, i0 = (nb % blocks) * QB;
       int64_t idx[QB];
       const int nvalid = block_slots(i0, g.L, idx);
+      // kept probabilities: the valid queries' logits are computed straight into their rows
+      for (int b = 0; b < QB; ++b) S[b] = keep && b < nvalid ? keep + (n * g.L + idx[b]) * g.HWq : sbuf.data() + b * g.HWq;
       block_logits<T>(q + n * g.L * g.dk, kt + n * g.dk * g.HWq, trow ? trow + n * g.L * g.H : nullptr,
                       tcol ? tcol + n * g.L * g.W : nullptr, idx, g, S, cb);
       T inv[QB];
@@ -186,17 +190,22 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
         const T sum = exp_keys(S[b], mx, g);
         inv[b] = T(1) / sum;
         if (b < nvalid) lse[n * g.L + idx[b]] = mx + std::log(sum);
+        if (keep) {  // normalized in place: the rows backward reads
+          const typename V::type iv = V::splat(inv[b]);
+          for (int64_t j = 0; j < g.HWq; j += V::L) V::store(S[b] + j, V::load(S[b] + j) * iv);
+          inv[b] = T(1);
+        }
       }
-      T* o[QB];
-      for (int b = 0; b < QB; ++b) o[b] = out + (n * g.L + idx[b]) * g.dv;
-      weighted_sums<T>(S, vt + n * g.dv * g.HWq, g.dv, inv, g, o, 1, nvalid);
+      T* o[QB];  // out is channels-first, [N, dv, L]
+      for (int b = 0; b < QB; ++b) o[b] = out + n * g.dv * g.L + idx[b];
+      weighted_sums<T>(S, vt + n * g.dv * g.HWq, g.dv, inv, g, o, g.L, nvalid);
     }
   });
 }
 
 template <typename T>
 void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T* tcol, const T* out,
-                     const T* gout, const T* lse, T* gq, T* gkt, T* gvt, T* gtrow, T* gtcol, const Grid& g) {
+                     const T* gout, const T* lse, const T* keep, T* gq, T* gkt, T* gvt, T* gtrow, T* gtcol, const Grid& g) {
   using V = Vec<T>;
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
@@ -219,16 +228,20 @@ void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const 
       for (int64_t i0 = 0; i0 < g.L; i0 += QB) {
         int64_t idx[QB];
         const int nvalid = block_slots(i0, g.L, idx);
-        // p = exp(s - lse): the forward's probabilities, recomputed.
-        block_logits<T>(qn, ktn, trn, tcn, idx, g, P, cb);
+        // p = exp(s - lse): the forward's probabilities, kept or recomputed.
+        if (keep) {
+          for (int b = 0; b < QB; ++b) P[b] = const_cast<T*>(keep + (n * g.L + idx[b]) * g.HWq);
+        } else {
+          block_logits<T>(qn, ktn, trn, tcn, idx, g, P, cb);
+          for (int b = 0; b < QB; ++b) exp_keys(P[b], lse[n * g.L + idx[b]], g);
+        }
         const T* go[QB];
         T delta[QB];
         for (int b = 0; b < QB; ++b) {
-          exp_keys(P[b], lse[n * g.L + idx[b]], g);
           go[b] = gout + (n * g.L + idx[b]) * g.dv;
-          const T* ob = out + (n * g.L + idx[b]) * g.dv;
+          const T* ob = out + n * g.dv * g.L + idx[b];
           T d = 0;
-          for (int64_t c = 0; c < g.dv; ++c) d += go[b][c] * ob[c];
+          for (int64_t c = 0; c < g.dv; ++c) d += go[b][c] * ob[c * g.L];
           delta[b] = d;  // sum_j p dL/dp = dL/dout . out
         }
         // dL/dp = gout . v, then dL/ds = p (dL/dp - delta).
@@ -299,29 +312,34 @@ const T* ptr_or_null(const torch::Tensor& t) {
 }
 
 std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor kt, torch::Tensor vt, torch::Tensor trow,
-                                   torch::Tensor tcol, int64_t W) {
+                                   torch::Tensor tcol, int64_t W, bool keep) {
   const Grid g = grid_of(q, kt, vt, W);
   check_table(trow, g, g.H, "t_row");
   check_table(tcol, g, g.W, "t_col");
-  auto out = torch::empty({g.N, g.L, g.dv}, q.options());
+  auto out = torch::empty({g.N, g.dv, g.L}, q.options());
   auto lse = torch::empty({g.N, g.L}, q.options());
+  auto p = keep ? torch::empty({g.N, g.L, g.HWq}, q.options()) : torch::empty({0}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "aa_cpu_forward", [&] {
     TORCH_CHECK(g.Wq % Vec<scalar_t>::L == 0, "aa_cpu: Wq must be a whole number of vectors");
     forward_kernel<scalar_t>(q.data_ptr<scalar_t>(), kt.data_ptr<scalar_t>(), vt.data_ptr<scalar_t>(),
                              ptr_or_null<scalar_t>(trow), ptr_or_null<scalar_t>(tcol), out.data_ptr<scalar_t>(),
-                             lse.data_ptr<scalar_t>(), g);
+                             lse.data_ptr<scalar_t>(), keep ? p.data_ptr<scalar_t>() : nullptr, g);
   });
-  return {out, lse};
+  return {out, lse, p};
 }
 
 std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor kt, torch::Tensor vt, torch::Tensor trow,
                                     torch::Tensor tcol, torch::Tensor out, torch::Tensor gout, torch::Tensor lse,
-                                    int64_t W) {
+                                    torch::Tensor p, int64_t W) {
   const Grid g = grid_of(q, kt, vt, W);
   check_table(trow, g, g.H, "t_row");
   check_table(tcol, g, g.W, "t_col");
-  TORCH_CHECK(out.is_contiguous() && gout.is_contiguous() && lse.is_contiguous() && gout.sizes() == out.sizes(),
-              "aa_cpu: out, gout, lse must be contiguous, gout shaped as out");
+  TORCH_CHECK(p.numel() == 0 || (p.is_contiguous() && p.dim() == 3 && p.size(0) == g.N && p.size(1) == g.L &&
+                                 p.size(2) == g.HWq),
+              "aa_cpu: kept probabilities must be a contiguous [N, L, H * Wq] tensor (or empty)");
+  TORCH_CHECK(out.is_contiguous() && gout.is_contiguous() && lse.is_contiguous() &&
+                  out.sizes() == torch::IntArrayRef({g.N, g.dv, g.L}) && gout.sizes() == torch::IntArrayRef({g.N, g.L, g.dv}),
+              "aa_cpu: out [N, dv, L], gout [N, L, dv], lse must be contiguous");
   auto gq = torch::empty_like(q);
   auto gkt = torch::zeros_like(kt);
   auto gvt = torch::zeros_like(vt);
@@ -331,7 +349,8 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor kt, torch::Te
     TORCH_CHECK(g.Wq % Vec<scalar_t>::L == 0, "aa_cpu: Wq must be a whole number of vectors");
     backward_kernel<scalar_t>(q.data_ptr<scalar_t>(), kt.data_ptr<scalar_t>(), vt.data_ptr<scalar_t>(),
                               ptr_or_null<scalar_t>(trow), ptr_or_null<scalar_t>(tcol), out.data_ptr<scalar_t>(),
-                              gout.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), gq.data_ptr<scalar_t>(),
+                              gout.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+                              p.numel() ? p.data_ptr<scalar_t>() : nullptr, gq.data_ptr<scalar_t>(),
                               gkt.data_ptr<scalar_t>(), gvt.data_ptr<scalar_t>(),
                               trow.numel() ? gtrow.data_ptr<scalar_t>() : nullptr,
                               tcol.numel() ? gtcol.data_ptr<scalar_t>() : nullptr, g);
