@@ -4,19 +4,20 @@
 the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
 that computes attention -- the SASA layer (its C++ kernel in both modes: keeping the attention
 weights for backward, and recomputing them there), the HaloNet layer (strided: attention
-downsampling), the AA layer and SASA's spatially-aware stem (its two PyTorch routes, and its C++
+downsampling), the AA layer (also on its C++ kernel, which keeps the probabilities for backward
+at these sizes) and SASA's spatially-aware stem (its two PyTorch routes, and its C++
 kernel in both of its weight forms) -- and the module's output is compared with its float64
 brute-force composition, the comparison the exactness tests make (for the C++ kernels of the SASA
-layer and the stem also the input's gradient: their own code is their backward): correct, they
+layer, AA and the stem also the input's gradient: their own code is their backward): correct, they
 agree to rounding; broken, by far more. So the harness reaches every module, and each mutation is
-a bug the exactness tests would catch. The stem kernel's kinds skip where it cannot be built.
+a bug the exactness tests would catch. The C++ kernels' kinds skip where they cannot be built.
 """
 import pytest
 import torch
 
 from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.functional.backends import stem_cpp
+from aadet.layers.functional.backends import logit_tables_cpp, stem_cpp
 
 from tests.helpers.broken_attention import MUTATIONS, break_attention
 from tests.layers.test_attention_stem import reference_stem
@@ -35,6 +36,8 @@ MODULES = {
                        reference_sasa),
     "halo": (lambda: HaloSelfAttention2d(6, 8, block_size=4, halo_size=1, num_heads=2, stride=2), reference_halo),
     "aa": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16), reference_aa),
+    # the C++ kernel in float64 ("auto" takes "materialized" there), probabilities kept for backward
+    "aa_cpp": (lambda: AugmentedConv2d(6, 16, dk=8, dv=8, num_heads=2, max_size=16, impl="cpp"), reference_aa),
     "stem_factorized": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="", impl="factorized"),
                         reference_stem),
     "stem_projected": (lambda: SpatiallyAwareAttentionStem(3, 8, num_heads=2, norm="", impl="projected"),
@@ -44,7 +47,7 @@ MODULES = {
                                 reference_stem),
 }
 #: the kinds whose input gradient is compared too (the C++ kernels' own backward passes)
-GRADIENT_KINDS = ("sasa", "sasa_recompute", "stem_cpp", "stem_cpp_projected_form")
+GRADIENT_KINDS = ("sasa", "sasa_recompute", "aa_cpp", "stem_cpp", "stem_cpp_projected_form")
 CORRECT_ATOL = 1e-10  # what the exactness tests allow (they use 1e-10 to 1e-12)
 BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 
@@ -52,6 +55,8 @@ BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 def _max_error(kind):
     if kind.startswith("stem_cpp") and not stem_cpp.KERNEL.available():
         pytest.skip(f"the stem's C++ kernel is unavailable: {stem_cpp.KERNEL.build_error()}")
+    if kind == "aa_cpp" and not logit_tables_cpp.KERNEL.available():
+        pytest.skip(f"AA's C++ kernel is unavailable: {logit_tables_cpp.KERNEL.build_error()}")
     make, reference = MODULES[kind]
     torch.manual_seed(0)
     module = make().double()
