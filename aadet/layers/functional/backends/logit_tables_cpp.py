@@ -65,22 +65,19 @@ def _untransposed(t: torch.Tensor, w: int, shape: torch.Size) -> torch.Tensor:
     return t[..., :w].permute(0, 2, 3, 1).reshape(shape)
 
 
-
-
 _EMPTY = torch.empty(0)
 
 #: Forward keeps the attention probabilities for backward when they take at most this many bytes
 #: per call (``N * L * H * Wq`` floats, held until backward), and backward reads them instead of
 #: recomputing the logits and their exp; larger calls recompute (flash-attention style). Keeping
-#: them makes the kernel's forward + backward faster (BENCHMARKS.md, Demo AA); 32 MiB keeps the
-#: demo's maps and COCO's res4-res5 at 256 px, and recomputes COCO's maps at 640 px. 0: always
-#: recompute.
+#: them makes the kernel's forward + backward faster (BENCHMARKS.md, Demo AA); 32 MiB keeps them
+#: at the demos' sizes and recomputes at COCO's 640 px. 0: always recompute.
 KEEP_PROBABILITIES_MAX_BYTES = 32 * 2**20
 
 
 class _CppRowColAttention(torch.autograd.Function):
-    """``q, k [N, L, dk]``, ``v [N, L, dv]``, ``t_row [N, L, H]``, ``t_col [N, L, W]`` (or None),
-    ``width`` W -> ``[N, L, dv]`` (see the module docstring)."""
+    """``q, k [*, L, dk]``, ``v [*, L, dv]``, ``t_row [*, L, H]``, ``t_col [*, L, W]`` (or None),
+    ``width`` W, ``backward_follows`` -> ``[*, L, dv]`` (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, q, k, v, t_row, t_col, width, backward_follows):

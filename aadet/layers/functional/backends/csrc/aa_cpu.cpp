@@ -176,7 +176,9 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
       int64_t idx[QB];
       const int nvalid = block_slots(i0, g.L, idx);
       // kept probabilities: the valid queries' logits are computed straight into their rows
-      for (int b = 0; b < QB; ++b) S[b] = keep && b < nvalid ? keep + (n * g.L + idx[b]) * g.HWq : sbuf.data() + b * g.HWq;
+      for (int b = 0; b < QB; ++b) {
+        S[b] = keep && b < nvalid ? keep + (n * g.L + idx[b]) * g.HWq : sbuf.data() + b * g.HWq;
+      }
       block_logits<T>(q + n * g.L * g.dk, kt + n * g.dk * g.HWq, trow ? trow + n * g.L * g.H : nullptr,
                       tcol ? tcol + n * g.L * g.W : nullptr, idx, g, S, cb);
       T inv[QB];
@@ -205,7 +207,8 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
 
 template <typename T>
 void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T* tcol, const T* out,
-                     const T* gout, const T* lse, const T* keep, T* gq, T* gkt, T* gvt, T* gtrow, T* gtcol, const Grid& g) {
+                     const T* gout, const T* lse, const T* keep, T* gq, T* gkt, T* gvt, T* gtrow, T* gtcol,
+                     const Grid& g) {
   using V = Vec<T>;
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
