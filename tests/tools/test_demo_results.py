@@ -80,11 +80,13 @@ def test_entries_means_ranges_and_ratios(tmp_path):
     assert f"| 42.0 ±{e_val:.1f} (40.0–44.0) | 1.00x | 25.0 ±{e_test:.1f} (20.0–30.0) |" in rows[2]
     assert "| 0.50x |" in rows[3] and "(1 run)" in rows[3] and "| 10.0 (1 run) |" in rows[3]
     assert rows[4].startswith("| `trees_missing` | 0 | not run")
-    assert not any(" on Test CPU" in r for r in rows)  # one CPU: the text above the table names it
+    assert not any(" on Test CPU" in r for r in rows[2:])  # one CPU: the header names it
+    assert rows[0].endswith("| Training (min, Test CPU) |")
     runs[4]["machine"] = dict(runs[4]["machine"], cpu="Other CPU, model 9")
     _write(tmp_path, runs)
     rows = render_headline_table(build_demo_results(str(tmp_path)), [BASELINE, "trees_AA_R_26_slim_FPN"]).splitlines()
     assert rows[2].endswith("| 5.0 (5.0–5.0) on Test CPU |") and rows[3].endswith("| 10.0 (1 run) on Other CPU |")
+    assert rows[0].endswith("| Training (min) |")
 
 
 def test_sampling_error_is_binomial_over_the_split_objects(tmp_path):

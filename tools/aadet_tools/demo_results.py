@@ -188,12 +188,15 @@ def render_headline_table(results: Mapping[str, Mapping], names: Sequence[str] =
     """Per entry: seeds, val AP50 and its ratio to ``baseline`` (val: the instrument), test AP50
     (transfer to an unseen site), each ``mean ±sampling error (min–max over seeds)``, AP on both
     splits and training minutes (runs that had the CPU to themselves; "CPU shared" when none),
-    each with its CPU where the entries' runs were made on different CPUs."""
+    each with its CPU where the entries' runs were made on different CPUs, else the one CPU in the
+    column's header."""
     base = results.get(baseline)
     timed = [results[n] for n in names if n in results and results[n]["train_minutes"]]
-    mixed = len({tuple(e["machines"]) for e in timed}) > 1
+    machines = {tuple(e["machines"]) for e in timed}
+    mixed = len(machines) > 1
+    on = "" if mixed or not machines else ", " + " / ".join(m.split(",")[0] for m in next(iter(machines)))
     lines = [
-        "| Config | Seeds | AP50 val | vs conv (val) | AP50 test | AP val | AP test | Training (min) |",
+        f"| Config | Seeds | AP50 val | vs conv (val) | AP50 test | AP val | AP test | Training (min{on}) |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
