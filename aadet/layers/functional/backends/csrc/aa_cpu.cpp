@@ -170,7 +170,7 @@ void forward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const T
     std::vector<T> sbuf(QB * g.HWq), cbuf(QB * g.Wq);
     T* S[QB];
     T* cb[QB];
-    for (int b = 0; b < QB; ++b) S[b] = sbuf.data() + b * g.HWq, cb[b] = cbuf.data() + b * g.Wq;
+    for (int b = 0; b < QB; ++b) cb[b] = cbuf.data() + b * g.Wq;
     for (int64_t nb = begin; nb < end; ++nb) {
       const int64_t n = nb / blocks, i0 = (nb % blocks) * QB;
       int64_t idx[QB];
@@ -212,13 +212,14 @@ void backward_kernel(const T* q, const T* kt, const T* vt, const T* trow, const 
   using V = Vec<T>;
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
-    std::vector<T> pbuf(QB * g.HWq), dbuf(QB * g.HWq), cbuf(QB * g.Wq), zeros(std::max(g.dk, g.dv), T(0));
-    std::vector<T> colsum(g.Wq);
+    // pbuf holds recomputed probabilities; with kept ones P points into them instead.
+    std::vector<T> pbuf(keep ? 0 : QB * g.HWq), dbuf(QB * g.HWq), cbuf(QB * g.Wq);
+    std::vector<T> zeros(std::max(g.dk, g.dv), T(0)), colsum(g.Wq);
     T* P[QB];
     T* D[QB];
     T* cb[QB];
     for (int b = 0; b < QB; ++b) {
-      P[b] = pbuf.data() + b * g.HWq, D[b] = dbuf.data() + b * g.HWq, cb[b] = cbuf.data() + b * g.Wq;
+      P[b] = keep ? nullptr : pbuf.data() + b * g.HWq, D[b] = dbuf.data() + b * g.HWq, cb[b] = cbuf.data() + b * g.Wq;
     }
     for (int64_t n = begin; n < end; ++n) {
       const T* qn = q + n * g.L * g.dk;
