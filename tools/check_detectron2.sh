@@ -5,7 +5,7 @@
 #   bash tools/check_detectron2.sh D2_SRC [PYTEST_ARGS...]
 #       D2_SRC: a folder holding Detectron2's `detectron2/` package (a clone of
 #               https://github.com/facebookresearch/detectron2, or any snapshot of one)
-#       PYTEST_ARGS: default `-n 2 -m "not learning and not packaging" tests` (what `make test` runs)
+#       PYTEST_ARGS: pytest's arguments; without them, `make test` runs with the side interpreter
 #
 # It makes a side environment in .cache/detectron2-side whose site-packages holds D2_SRC's Python
 # package and, after it, everything of the project's environment ($VENV, default .venv: torch,
@@ -47,6 +47,6 @@ print(f"check_detectron2: detectron2 {detectron2.__version__} from {os.path.dirn
 EOF
 echo "check_detectron2: Detectron2 source $SRC (commit $COMMIT)"
 if [ $# -eq 0 ]; then
-  set -- -n 2 -m "not learning and not packaging" tests
+  exec make test VENV="$VENV" PY="$SIDE/bin/python"
 fi
 OMP_NUM_THREADS=1 exec "$SIDE/bin/python" -m pytest -q -p no:cacheprovider "$@"
