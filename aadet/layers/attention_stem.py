@@ -39,8 +39,9 @@ from .functional.blocks import (
     blocks_to_map,
     map_to_blocks,
 )
-from .functional.checks import check_num_heads, check_one_of, check_positive_int
+from .functional.checks import check_one_of, check_positive_int
 from .functional.dispatch import is_exporting
+from .local_attention_base import add_relative_embeddings, check_heads
 
 __all__ = ["SpatiallyAwareAttentionStem", "POSITIONAL_ENCODINGS", "STEM_IMPLS", "STEM_ROUTES",
            "STEM_EXPORTABLE_IMPLS"]
@@ -129,14 +130,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("block_size", block_size), ("num_mixtures", num_mixtures)):
             check_positive_int(value, name)
-        check_one_of(positional_encoding, POSITIONAL_ENCODINGS, "positional_encoding")
+        dkh = check_heads(num_heads, out_channels, positional_encoding, POSITIONAL_ENCODINGS)
         check_one_of(impl, STEM_IMPLS, "impl")
-        dkh = check_num_heads(
-            num_heads,
-            out_channels,
-            min_per_head=2 if positional_encoding == "relative" else 1,
-            per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
-        )
         d_emb = out_channels if embedding_dim is None else embedding_dim
         check_positive_int(d_emb, "embedding_dim")
 
@@ -160,13 +155,7 @@ class SpatiallyAwareAttentionStem(nn.Module):
         self.emb_row = nn.Parameter(torch.randn(block_size, d_emb))  # [b, d_emb]
         self.emb_col = nn.Parameter(torch.randn(block_size, d_emb))  # [b, d_emb]
         self.nu = nn.Parameter(torch.randn(num_mixtures, d_emb) * d_emb ** -0.5)  # [m, d_emb]
-        if positional_encoding == "relative":
-            r = 2 * block_size - 1
-            self.rel_h = nn.Parameter(torch.randn(r, dkh // 2) * dkh ** -0.5)
-            self.rel_w = nn.Parameter(torch.randn(r, dkh - dkh // 2) * dkh ** -0.5)
-        else:
-            self.register_parameter("rel_h", None)
-            self.register_parameter("rel_w", None)
+        add_relative_embeddings(self, 2 * block_size - 1, dkh, positional_encoding)
         self.norm = _make_norm(norm, out_channels)
 
     def mixture_weights(self) -> torch.Tensor:
@@ -189,8 +178,8 @@ class SpatiallyAwareAttentionStem(nn.Module):
 
     def route(self, device: Union[str, torch.device] = "cpu") -> str:
         """The route :meth:`forward` takes for an input on ``device``: ``impl``, or for
-        ``"auto"``: the C++ kernel ``"cpp"`` on CPU where it builds (about half the factorized
-        route's training time for the demo's RGB stem, BENCHMARKS.md), else (CUDA, tracing or
+        ``"auto"``: the C++ kernel ``"cpp"`` on CPU where it builds (faster than the factorized
+        route there; BENCHMARKS.md has the times), else (CUDA, tracing or
         export, no kernel) ``"factorized"`` where :attr:`factorized`, ``"projected"`` otherwise."""
         if self.impl != "auto":
             return self.impl

@@ -156,13 +156,7 @@ class HaloSelfAttention2d(LocalAttention2dBase):
             q, k, v, self.rel_h, self.rel_w, self.block_size, self.halo_size, self.stride, self.impl
         )  # [B, Nh, Ho, Wo, dkh]
         out = merge_heads(out)  # [B, out_channels, Ho, Wo]
-        if self.bias is not None:
-            out = out + self.bias.view(1, -1, 1, 1).to(out.dtype)
-        if self.norm is not None:
-            out = self.norm(out)
-        if self.activation is not None:
-            out = self.activation(out)
-        return out
+        return self._bias_norm_activation(out)
 
     #: The :meth:`flop_count` components that are the attention itself, not a child convolution
     #: (which a tracing counter such as fvcore counts on its own): what ``aadet.analysis``

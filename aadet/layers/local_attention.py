@@ -189,13 +189,7 @@ class LocalSelfAttention2d(LocalAttention2dBase):
         out = merge_heads(out)  # [B, out_channels, H, W]
         if self.stride == 2:
             out = F.avg_pool2d(out, 2, 2, ceil_mode=True, count_include_pad=False)
-        if self.bias is not None:
-            out = out + self.bias.view(1, -1, 1, 1).to(out.dtype)
-        if self.norm is not None:
-            out = self.norm(out)
-        if self.activation is not None:
-            out = self.activation(out)
-        return out
+        return self._bias_norm_activation(out)
 
     #: The :meth:`flop_count` components that are the attention itself, not a child convolution
     #: (which a tracing counter such as fvcore counts on its own) or pooling (never counted by

@@ -10,7 +10,8 @@ all heads, ``N(0, dkh ** -1)``: the initializer of the AA/SASA reference code, t
 start below the content logits) and, like Detectron2's ``Conv2d``, an optional output ``bias``,
 ``norm`` and ``activation``. :class:`LocalAttention2dBase` builds them; each layer checks its own
 arguments (:func:`check_heads` for the heads and the encoding), then calls
-:meth:`~LocalAttention2dBase._init_attention` with its number of offsets and its query stride.
+:meth:`~LocalAttention2dBase._init_attention` with its number of offsets and its query stride,
+and ends its ``forward`` with :meth:`~LocalAttention2dBase._bias_norm_activation`.
 """
 import inspect
 from typing import Callable, Optional, Sequence, Tuple
@@ -20,7 +21,14 @@ from torch import nn
 
 from .functional.checks import check_num_heads, check_one_of
 
-__all__ = ["CONV_ARGUMENTS", "LocalAttention2dBase", "attention_options", "check_heads"]
+__all__ = [
+    "CONV_ARGUMENTS",
+    "LocalAttention2dBase",
+    "add_relative_embeddings",
+    "attention_options",
+    "check_heads",
+    "min_head_channels",
+]
 
 #: The arguments of the layers that a stand-in for a convolution takes from that convolution
 #: (:func:`~aadet.modeling.attention_layers.local_attention_for_conv`,
@@ -35,6 +43,13 @@ def attention_options(layer_class: type) -> Tuple[str, ...]:
     return tuple(name for name in inspect.signature(layer_class).parameters if name not in CONV_ARGUMENTS)
 
 
+def min_head_channels(positional_encoding: str) -> int:
+    """The fewest channels a head may have with ``positional_encoding``: 2 for ``"relative"``
+    (the row and the column embedding take half each), else 1. The one rule for every layer with
+    SASA's relative embeddings (SASA, HaloNet, the attention stem) and the models' config checks."""
+    return 2 if positional_encoding == "relative" else 1
+
+
 def check_heads(num_heads, out_channels: int, positional_encoding, positional_encodings: Sequence[str]) -> int:
     """``positional_encoding`` is one of ``positional_encodings`` and ``num_heads`` divides
     ``out_channels``, with at least 2 channels a head for ``"relative"`` (the row and the column
@@ -43,9 +58,22 @@ def check_heads(num_heads, out_channels: int, positional_encoding, positional_en
     return check_num_heads(
         num_heads,
         out_channels,
-        min_per_head=2 if positional_encoding == "relative" else 1,
+        min_per_head=min_head_channels(positional_encoding),
         per_head_reason=f"for positional_encoding='relative', out_channels={out_channels}",
     )
+
+
+def add_relative_embeddings(module: nn.Module, rows: int, head_channels: int, positional_encoding: str) -> None:
+    """SASA's relative row and column embeddings as ``module.rel_h [rows, dkh//2]`` and
+    ``module.rel_w [rows, dkh - dkh//2]`` (``dkh = head_channels``), ``N(0, dkh ** -1)``, for
+    ``"relative"``; for any other encoding both are registered as ``None``."""
+    if positional_encoding == "relative":
+        std = head_channels ** -0.5
+        module.rel_h = nn.Parameter(torch.randn(rows, head_channels // 2) * std)
+        module.rel_w = nn.Parameter(torch.randn(rows, head_channels - head_channels // 2) * std)
+    else:
+        module.register_parameter("rel_h", None)
+        module.register_parameter("rel_w", None)
 
 
 class LocalAttention2dBase(nn.Module):
@@ -93,16 +121,21 @@ class LocalAttention2dBase(nn.Module):
         self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)
         for proj in (self.query, self.key, self.value):
             nn.init.normal_(proj.weight, std=in_channels ** -0.5)
-        if positional_encoding == "relative":
-            std = dkh ** -0.5
-            self.rel_h = nn.Parameter(torch.randn(relative_rows, dkh // 2) * std)
-            self.rel_w = nn.Parameter(torch.randn(relative_rows, dkh - dkh // 2) * std)
-        else:
-            self.register_parameter("rel_h", None)
-            self.register_parameter("rel_w", None)
+        add_relative_embeddings(self, relative_rows, dkh, positional_encoding)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.norm = norm
         self.activation = activation
+
+    def _bias_norm_activation(self, out: torch.Tensor) -> torch.Tensor:
+        """The end of ``forward``, as Detectron2's ``Conv2d``: ``out [B, out_channels, Ho, Wo]``
+        ``+ bias`` (if any), then ``norm``, then ``activation`` (each where set)."""
+        if self.bias is not None:
+            out = out + self.bias.view(1, -1, 1, 1).to(out.dtype)
+        if self.norm is not None:
+            out = self.norm(out)
+        if self.activation is not None:
+            out = self.activation(out)
+        return out
 
     def output_size(self, input_hw: Tuple[int, int]) -> Tuple[int, int]:
         """``(H, W)`` of the output for an ``(H, W)`` input: ``ceil`` of ``/ stride``."""
