@@ -2,44 +2,33 @@
 backbones, attention downsampling in the strided blocks, a float64 forward against the layers'
 brute force, and config errors that name their key."""
 import os
+import re
 
 import pytest
 import torch
-from detectron2.config import get_cfg
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, build_resnet_backbone
 from torch import nn
 
 import aadet  # noqa: F401  (backbone registrations)
-from aadet.config import ConfigValueError, add_aadet_config
+from aadet.config import ConfigValueError
 from aadet.layers import HaloSelfAttention2d
 from aadet.modeling.backbone.halo_resnet import HaloBottleneckBlock, build_halo_resnet_backbone
+from aadet.modeling.backbone.resnet_stages import basic_stem, resnet_from_config
+from aadet.modeling.backbone.sasa_resnet import build_sasa_resnet_backbone
 
 from tests.helpers import REPO
 from tests.layers.test_halo_layer import brute_force
+from tests.modeling.common import R50_CONFIG, counting_cfg, n_params, small_resnet26_cfg
 
-R50_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "retinanet_R_50_FPN_scratch_150ep.yaml")
 HALO_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "halo_retinanet_R_50_FPN_scratch_150ep.yaml")
 SASA_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "sasa_convstem_retinanet_R_50_FPN_scratch_150ep.yaml")
 
 
-def n_params(module):
-    return sum(p.numel() for p in module.parameters())
-
-
 def small_cfg(**halo):
     """A small HaloNet-ResNet-26 (fast on CPU): b 4, h 1, 2 heads."""
-    cfg = get_cfg()
-    add_aadet_config(cfg)
-    cfg.merge_from_file(R50_CONFIG)
-    cfg.MODEL.DEVICE = "cpu"
-    cfg.MODEL.BACKBONE.NAME = "build_retinanet_halo_resnet_fpn_backbone"
-    cfg.MODEL.RESNETS.DEPTH = 26
-    cfg.MODEL.RESNETS.NORM = "BN"
-    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS = 32
-    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 32
-    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = 8
+    cfg = small_resnet26_cfg("build_retinanet_halo_resnet_fpn_backbone", stem_out_channels=32)
     cfg.MODEL.RESNETS.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
     cfg.MODEL.HALO.BLOCK_SIZE = 4
     cfg.MODEL.HALO.HALO_SIZE = 1
@@ -131,12 +120,7 @@ def test_float64_forward_equals_the_layers_brute_force():
 
 
 def _r50(config):
-    cfg = get_cfg()
-    add_aadet_config(cfg)
-    cfg.merge_from_file(config)
-    cfg.MODEL.DEVICE = "cpu"
-    cfg.MODEL.RESNETS.NORM = cfg.MODEL.FPN.NORM = cfg.MODEL.RETINANET.NORM = "SyncBN"  # 2 params/channel
-    return build_model(cfg)
+    return build_model(counting_cfg(config))
 
 
 def test_parameter_count_of_the_r50_config():
@@ -167,6 +151,22 @@ def test_backbone_config_errors_name_the_key(setup, match):
     setup(cfg)
     with pytest.raises(ConfigValueError, match=match):
         build_halo_resnet_backbone(cfg, ShapeSpec(channels=3))
+
+
+@pytest.mark.parametrize("build", [build_halo_resnet_backbone, build_sasa_resnet_backbone])
+def test_plain_arguments_with_an_unknown_stage_name_raise(build):
+    """Called with plain arguments (a LazyConfig's path, no config key to name), both attention
+    builders check the stage names with the same function, naming the argument and the allowed
+    names (the HaloNet builder used to build a plain ResNet for ``("res3", "res6")``)."""
+    cfg = small_cfg()
+    message = "attention_stages must be a subset of ('res2', 'res3', 'res4', 'res5'); got ('res3', 'res6')"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(
+            stem=basic_stem(cfg, ShapeSpec(channels=3)),
+            attention_stages=("res3", "res6"),
+            attention={},
+            **resnet_from_config(cfg),
+        )
 
 
 def test_every_layer_option_has_its_key():

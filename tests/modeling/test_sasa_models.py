@@ -1,10 +1,8 @@
 """SASA models: the SASA-ResNet backbone, the attentional FPN and RetinaNet head, parameter
 fidelity to the paper's Table 2, and a training step of small fully attentional RetinaNets."""
-import os
 
 import pytest
 import torch
-from detectron2.config import get_cfg
 from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
 from detectron2.modeling import build_backbone, build_model
 from detectron2.modeling.backbone.fpn import FPN, LastLevelP6P7
@@ -14,7 +12,7 @@ from detectron2.utils.events import EventStorage
 from torch import nn
 
 import aadet  # noqa: F401  (meta-architecture, conv baseline builders)
-from aadet.config import ConfigValueError, add_aadet_config, layer_defaults
+from aadet.config import ConfigValueError, layer_defaults
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
 from aadet.layers.local_attention import LocalSelfAttention2d
 from aadet.modeling.backbone.attention_fpn import convert_fpn_to_attention
@@ -22,14 +20,9 @@ from aadet.modeling.attention_head import AttentionRetinaNetHead
 from aadet.modeling.backbone.fpn import build_retinanet_fpn
 from aadet.modeling.backbone.sasa_resnet import SASABottleneckBlock, build_sasa_resnet_backbone
 
-from tests.helpers import REPO
+from tests.modeling.common import counting_cfg, n_params, small_resnet26_cfg
 
 C = 64  # FPN / head width of the small models
-R50_CONFIG = os.path.join(REPO, "configs", "COCO-Detection", "retinanet_R_50_FPN_scratch_150ep.yaml")
-
-
-def n_params(module):
-    return sum(p.numel() for p in module.parameters())
 
 
 def attn_params(c_in, c_out, k=7, heads=8, bias=False, relative=True):
@@ -39,16 +32,7 @@ def attn_params(c_in, c_out, k=7, heads=8, bias=False, relative=True):
 
 def small_cfg(**sasa):
     """A small SASA-ResNet-26 RetinaNet (fast on CPU), norms that work with batch size 1."""
-    cfg = get_cfg()
-    add_aadet_config(cfg)
-    cfg.merge_from_file(R50_CONFIG)
-    cfg.MODEL.DEVICE = "cpu"
-    cfg.MODEL.BACKBONE.NAME = "build_retinanet_sasa_resnet_fpn_backbone"
-    cfg.MODEL.RESNETS.DEPTH = 26
-    cfg.MODEL.RESNETS.NORM = "BN"
-    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS = 16
-    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 32
-    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = 8
+    cfg = small_resnet26_cfg("build_retinanet_sasa_resnet_fpn_backbone", stem_out_channels=16)
     cfg.MODEL.FPN.OUT_CHANNELS = C  # GN(32, C) needs 2 values per group on a 1x1 P7
     cfg.MODEL.FPN.NORM = ""
     cfg.MODEL.RETINANET.NORM = "GN"
@@ -292,12 +276,8 @@ def test_attention_head_plain_arguments():
 
 # ----------------------------------------------------------------------------- fidelity
 def _r50_retinanet(backbone, fpn="conv", head="RetinaNetHead", stem="conv"):
-    cfg = get_cfg()
-    add_aadet_config(cfg)
-    cfg.merge_from_file(R50_CONFIG)  # our conv baseline: R50-FPN, P3-P7 (P6/P7 from P5), 9 anchors
-    cfg.MODEL.DEVICE = "cpu"
+    cfg = counting_cfg()  # our conv baseline: R50-FPN, P3-P7 (P6/P7 from P5), 9 anchors
     cfg.MODEL.RETINANET.NUM_CLASSES = 80
-    cfg.MODEL.RESNETS.NORM = cfg.MODEL.FPN.NORM = cfg.MODEL.RETINANET.NORM = "SyncBN"  # 2 params/channel
     cfg.MODEL.BACKBONE.NAME = backbone
     cfg.MODEL.FPN.SPATIAL_LAYER = fpn
     cfg.MODEL.RETINANET.HEAD_NAME = head

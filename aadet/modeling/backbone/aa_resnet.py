@@ -11,7 +11,8 @@ the stage loop of ``build_resnet_backbone``) with other block classes in the aug
 :func:`~aadet.modeling.attention_layers.aa_layer_kwargs`:
 
 * :class:`AABottleneckBlock` (R-50/101/152): Detectron2's ``BottleneckBlock`` whose 3x3
-  ``conv2`` is an :class:`AugmentedConv2dNorm` (same stride, dilation and groups).
+  ``conv2`` is an :class:`AugmentedConv2dNorm` (same stride, dilation and groups): the shared
+  attention bottleneck block (:class:`~.resnet_stages.AttentionBottleneckBlock`) with this layer.
 * :class:`AABasicBlock` (R-18/34): Detectron2's ``BasicBlock`` whose *first* 3x3 conv
   (``conv1``, the one carrying the stride) is augmented. The paper applies "our augmented
   convolution once per residual block" (Section 3.3) and, for the two-3x3 blocks of
@@ -23,22 +24,23 @@ means what it means for Detectron2's ResNet. Registered as ``build_aa_resnet_bac
 callable with plain arguments) and ``build_retinanet_aa_resnet_fpn_backbone``.
 """
 import math
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import fvcore.nn.weight_init as weight_init
 from detectron2.config import configurable
-from detectron2.layers import ShapeSpec, get_norm
+from detectron2.layers import ShapeSpec
 from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
-from detectron2.modeling.backbone.resnet import BasicBlock, BottleneckBlock, ResNet
+from detectron2.modeling.backbone.resnet import BasicBlock, ResNet
+from torch import nn
 
 from ...config import config_error
 from ...layers.augmented_conv import AugmentedConv2d
-from ...layers.functional.checks import Interval, argument_error, check_in, check_subset
+from ...layers.functional.checks import Interval, argument_error, check_in
 from ..attention_layers import aa_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import (
-    STAGE_NAMES,
+    AttentionBottleneckBlock,
     ResNetStage,
     basic_stem,
     build_resnet,
@@ -74,58 +76,46 @@ class AugmentedConv2dNorm(AugmentedConv2d):
         return x
 
 
-def _c2_msra_fill_augmented(layer: AugmentedConv2d):
-    """Detectron2's conv init (``c2_msra_fill``) on the conv, qkv and output convs.
+def augmented_conv_for_conv(
+    conv: nn.Conv2d, conv_init: Callable[[nn.Conv2d], None], **aa_kwargs
+) -> AugmentedConv2dNorm:
+    """An :class:`AugmentedConv2dNorm` standing in for Detectron2's ``Conv2d`` ``conv``: the same
+    channels, kernel size, stride, dilation, groups and bias, ``conv.norm`` moved over.
+    ``conv_init`` (Detectron2's ``c2_msra_fill`` in the blocks) initialises its conv, qkv and
+    output convs; the relative tables keep their normal(0, (dk/Nh) ** -0.5) init.
 
-    The relative tables keep their normal(0, (dk/Nh) ** -0.5) init.
+    Args:
+        aa_kwargs: the other :class:`AugmentedConv2d` options (``kappa``, ``nu``, ``num_heads``,
+            ``positional_encoding``, ``attention_downsample``, ``max_size``, ``clip_distances``,
+            ``min_dk_per_head``, ``impl``; the layer's defaults for those not given).
     """
-    for conv in (layer.conv, layer.qkv, layer.proj):
-        weight_init.c2_msra_fill(conv)
-
-
-class AABottleneckBlock(BottleneckBlock):
-    """Detectron2's ``BottleneckBlock`` with its 3x3 ``conv2`` attention augmented.
-
-    ``aa_kwargs`` go to :class:`AugmentedConv2d` (``kappa``, ``nu``, ``num_heads``,
-    ``positional_encoding``, ``attention_downsample``, ``max_size``, ``clip_distances``,
-    ``min_dk_per_head``, ``impl``; the layer's defaults for those not given).
-    """
-
-    def __init__(
-        self,
-        in_channels,
-        out_channels,
-        *,
-        bottleneck_channels,
-        stride=1,
-        num_groups=1,
-        norm="BN",
-        stride_in_1x1=False,
-        dilation=1,
+    layer = AugmentedConv2dNorm(
+        conv.in_channels,
+        conv.out_channels,
+        kernel_size=conv.kernel_size[0],
+        stride=conv.stride[0],
+        dilation=conv.dilation[0],
+        groups=conv.groups,
+        bias=conv.bias is not None,
+        norm=conv.norm,
         **aa_kwargs,
-    ):
-        super().__init__(
-            in_channels,
-            out_channels,
-            bottleneck_channels=bottleneck_channels,
-            stride=stride,
-            num_groups=num_groups,
-            norm=norm,
-            stride_in_1x1=stride_in_1x1,
-            dilation=dilation,
-        )
-        self.conv2 = AugmentedConv2dNorm(
-            bottleneck_channels,
-            bottleneck_channels,
-            kernel_size=3,
-            stride=1 if stride_in_1x1 else stride,
-            dilation=dilation,
-            groups=num_groups,
-            bias=False,
-            norm=get_norm(norm, bottleneck_channels),
-            **aa_kwargs,
-        )
-        _c2_msra_fill_augmented(self.conv2)
+    )
+    for c in (layer.conv, layer.qkv, layer.proj):
+        conv_init(c)
+    return layer
+
+
+class AABottleneckBlock(AttentionBottleneckBlock):
+    """Detectron2's ``BottleneckBlock`` with its 3x3 ``conv2`` attention augmented
+    (:func:`augmented_conv_for_conv`): the shared attention bottleneck block, whose layer here
+    keeps the convolution's groups, dilation and ``stride_in_1x1`` placement.
+
+    ``attention`` (in addition to ``BottleneckBlock``'s arguments): the options of
+    :func:`augmented_conv_for_conv`.
+    """
+
+    attention_layer = staticmethod(augmented_conv_for_conv)
+    keeps_conv_geometry = True
 
 
 class AABasicBlock(BasicBlock):
@@ -137,16 +127,7 @@ class AABasicBlock(BasicBlock):
 
     def __init__(self, in_channels, out_channels, *, stride=1, norm="BN", **aa_kwargs):
         super().__init__(in_channels, out_channels, stride=stride, norm=norm)
-        self.conv1 = AugmentedConv2dNorm(
-            in_channels,
-            out_channels,
-            kernel_size=3,
-            stride=stride,
-            bias=False,
-            norm=get_norm(norm, out_channels),
-            **aa_kwargs,
-        )
-        _c2_msra_fill_augmented(self.conv1)
+        self.conv1 = augmented_conv_for_conv(self.conv1, weight_init.c2_msra_fill, **aa_kwargs)
 
 
 def stage_max_size(max_input_size: int, stage_stride: int, downsample: bool) -> int:
@@ -211,8 +192,8 @@ def build_aa_resnet_backbone(
     """
     aa_stages, downsample_stages = tuple(aa_stages), tuple(downsample_stages)
     # the plain-argument path's checks (from the config, _aa_resnet_from_config named the keys)
-    check_subset(aa_stages, STAGE_NAMES, "aa_stages", argument_error)
-    check_subset(downsample_stages, STAGE_NAMES, "downsample_stages", argument_error)
+    check_stage_names("aa_stages", aa_stages, argument_error)
+    check_stage_names("downsample_stages", downsample_stages, argument_error)
     check_in(max_input_size, Interval(0.0), "max_input_size", argument_error)
 
     def block_for_stage(stage: ResNetStage):

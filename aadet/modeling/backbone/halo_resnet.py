@@ -27,34 +27,23 @@ from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.backbone.resnet import ResNet
 
-from ...config import config_error, layer_defaults
-from ...layers.functional.checks import check_num_heads
+from ...config import config_error
 from ...layers.halo_attention import HaloSelfAttention2d
 from ..attention_layers import halo_attention_for_conv, halo_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import (
-    BASIC_DEPTHS,
-    RESNET_BLOCKS_PER_STAGE,
     AttentionBottleneckBlock,
     ResNetStage,
+    attention_resnet_from_config,
     basic_stem,
-    build_resnet,
-    check_stage_names,
-    resnet_from_config,
+    build_attention_resnet,
 )
 
 __all__ = [
-    "HALO_BLOCKS_PER_STAGE",
     "HaloBottleneckBlock",
     "build_halo_resnet_backbone",
     "build_retinanet_halo_resnet_fpn_backbone",
 ]
-
-# Blocks per stage (res2..res5): the bottleneck depths of the shared table; halo blocks are
-# bottlenecks.
-HALO_BLOCKS_PER_STAGE = {
-    depth: blocks for depth, blocks in RESNET_BLOCKS_PER_STAGE.items() if depth not in BASIC_DEPTHS
-}
 
 
 class HaloBottleneckBlock(AttentionBottleneckBlock):
@@ -71,42 +60,23 @@ class HaloBottleneckBlock(AttentionBottleneckBlock):
     attention_layer = staticmethod(halo_attention_for_conv)
 
 
-def _check_attention_stage(stage: ResNetStage, attention_stages, attention: Dict[str, Any]):
-    """Settings an attention stage cannot take (the conv stages may), named by their keys."""
-    name, width = stage.name, stage.bottleneck_channels
-    where = f"when {name} uses attention (MODEL.HALO.STAGES={tuple(attention_stages)})"
-    if stage.num_groups != 1:
-        raise config_error("MODEL.RESNETS.NUM_GROUPS", f"1 {where}", stage.num_groups)
-    if stage.dilation != 1:
-        raise config_error("MODEL.RESNETS.RES5_DILATION", f"1 {where}", stage.dilation)
-    options = {**layer_defaults(HaloSelfAttention2d), **attention}
+def _check_block_size(stage: ResNetStage, where: str, options: Dict[str, Any]) -> None:
+    """HaloNet's own rule for an attention stage: a block size that the stage's stride divides."""
     if options["block_size"] % stage.first_stride:
         raise config_error(
             "MODEL.HALO.BLOCK_SIZE",
-            f"a multiple of {stage.first_stride} {where}: {name} downsamples by {stage.first_stride} in its "
-            "attention, each block holding BLOCK_SIZE / stride queries a side",
+            f"a multiple of {stage.first_stride} {where}: {stage.name} downsamples by "
+            f"{stage.first_stride} in its attention, each block holding BLOCK_SIZE / stride queries "
+            "a side",
             options["block_size"],
         )
-    check_num_heads(
-        options["num_heads"],
-        width,
-        min_per_head=2 if options["positional_encoding"] == "relative" else 1,
-        name="MODEL.HALO.NUM_HEADS",
-        channels_name=f"the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage)",
-        per_head_reason=f"for relative positions in {name}, bottleneck width {width}",
-        error=config_error,
-    )
 
 
 def _halo_resnet_from_config(cfg, input_shape: ShapeSpec) -> Dict[str, Any]:
     """``MODEL.HALO.*`` and ``MODEL.RESNETS.*`` -> :func:`build_halo_resnet_backbone`'s
     arguments, checking the key this builder owns (the stage names)."""
-    return dict(
-        stem=basic_stem(cfg, input_shape),
-        attention_stages=check_stage_names("MODEL.HALO.STAGES", cfg.MODEL.HALO.STAGES),
-        attention=halo_layer_kwargs(cfg),
-        **resnet_from_config(cfg),
-    )
+    stem = basic_stem(cfg, input_shape)
+    return attention_resnet_from_config(cfg, "MODEL.HALO", stem, halo_layer_kwargs(cfg))
 
 
 @BACKBONE_REGISTRY.register()
@@ -129,21 +99,18 @@ def build_halo_resnet_backbone(
 
     Raises:
         ConfigValueError: naming the key, for settings an attention stage cannot take.
+        ValueError: naming the argument, for ``attention_stages`` not in ``res2`` .. ``res5``
+            (from the config, a ConfigValueError naming ``MODEL.HALO.STAGES``).
     """
-    attention_stages = tuple(attention_stages)
-
-    def block_for_stage(stage: ResNetStage):
-        if stage.name not in attention_stages:
-            return None
-        _check_attention_stage(stage, attention_stages, attention)
-        return HaloBottleneckBlock, attention
-
-    return build_resnet(
+    return build_attention_resnet(
         stem,
-        block_for_stage=block_for_stage,
-        blocks_per_stage=HALO_BLOCKS_PER_STAGE,
         attention_stages=attention_stages,
+        attention=attention,
+        block_class=HaloBottleneckBlock,
+        layer_class=HaloSelfAttention2d,
+        section="MODEL.HALO",
         builder="build_halo_resnet_backbone",
+        check_stage=_check_block_size,
         **resnet,
     )
 

@@ -14,9 +14,13 @@ It takes plain arguments; :func:`resnet_from_config` is the one place that reads
 ``MODEL.RESNETS.*`` and ``MODEL.BACKBONE.FREEZE_AT`` for it (``build_resnet(cfg, stem=...)``
 calls it, Detectron2's ``@configurable``).
 
-:class:`AttentionBottleneckBlock` is the one block of the SASA-ResNet and the HaloNet-ResNet:
-Detectron2's ``BottleneckBlock`` whose ``conv2`` is the layer its ``attention_layer`` builds; each
-backbone's block class only names that layer.
+:class:`AttentionBottleneckBlock` is the one attention bottleneck block of the AA-ResNet, the
+SASA-ResNet and the HaloNet-ResNet: Detectron2's ``BottleneckBlock`` whose ``conv2`` is the layer
+its ``attention_layer`` builds; each backbone's block class names that layer.
+:func:`build_attention_resnet` is the SASA and HaloNet builders' common body (their attention
+blocks in the chosen stages, the bottleneck depths, the settings an attention stage cannot take),
+:func:`attention_resnet_from_config` their common config mapping, and :func:`check_stage_names`
+the one check of stage names, for config keys and plain arguments alike.
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -35,16 +39,20 @@ from detectron2.modeling.backbone.resnet import (
 )
 from torch import nn
 
-from ...config import config_error
-from ...layers.functional.checks import check_subset
+from ...config import config_error, layer_defaults
+from ...layers.functional.checks import ErrorFactory, argument_error, check_num_heads, check_subset
+from ...layers.local_attention_base import min_head_channels
 
 __all__ = [
     "AttentionBottleneckBlock",
     "BASIC_DEPTHS",
+    "BOTTLENECK_BLOCKS_PER_STAGE",
     "RESNET_BLOCKS_PER_STAGE",
     "STAGE_NAMES",
     "ResNetStage",
     "basic_stem",
+    "attention_resnet_from_config",
+    "build_attention_resnet",
     "build_resnet",
     "check_stage_names",
     "resnet_from_config",
@@ -65,6 +73,11 @@ RESNET_BLOCKS_PER_STAGE = {
     152: (3, 8, 36, 3),
 }
 BASIC_DEPTHS = (18, 34)  # BasicBlock (two 3x3) networks; the others use bottlenecks
+# The bottleneck depths of the table: those of the SASA and HaloNet ResNets, whose attention
+# blocks are bottlenecks.
+BOTTLENECK_BLOCKS_PER_STAGE = {
+    depth: blocks for depth, blocks in RESNET_BLOCKS_PER_STAGE.items() if depth not in BASIC_DEPTHS
+}
 
 
 @dataclass(frozen=True)
@@ -94,25 +107,31 @@ BlockChoice = Optional[Tuple[type, Dict]]
 class AttentionBottleneckBlock(BottleneckBlock):
     """Detectron2's ``BottleneckBlock`` whose 3x3 ``conv2`` is a spatial attention layer + norm.
 
-    ``conv1`` (1x1, stride 1) -> ReLU -> ``conv2`` = ``attention_layer(conv, c2_msra_fill,
-    **attention)`` of the 3x3 convolution it replaces (its stride, bias and norm; the value
-    projection initialised with that convolution's ``c2_msra_fill``) -> ReLU -> ``conv3`` (1x1),
-    plus the shortcut: Detectron2's forward, unchanged. The stride is always in the attention
-    layer (``stride_in_1x1`` is ignored: a strided 1x1 would throw away 3/4 of the pixels before
-    the attention could look at them).
+    ``conv1`` (1x1) -> ReLU -> ``conv2`` = ``attention_layer(conv, c2_msra_fill, **attention)``
+    of the 3x3 convolution it replaces (its stride, bias and norm; the layer's projections
+    initialised with that convolution's ``c2_msra_fill``) -> ReLU -> ``conv3`` (1x1), plus the
+    shortcut: Detectron2's forward, unchanged. A local attention layer takes the block's stride
+    (``stride_in_1x1`` is ignored: a strided 1x1 would throw away 3/4 of the pixels before the
+    attention could look at them) and needs ``num_groups = dilation = 1``; a layer that
+    :attr:`keeps_conv_geometry` (the augmented convolution) takes them as the convolution did.
 
-    A subclass names its layer in :attr:`attention_layer` and nothing else, e.g.
+    A subclass names its layer in :attr:`attention_layer`:
     :class:`~aadet.modeling.backbone.sasa_resnet.SASABottleneckBlock` (SASA's local attention,
-    stride by pooling) and :class:`~aadet.modeling.backbone.halo_resnet.HaloBottleneckBlock`
-    (HaloNet's blocked attention, stride by attention downsampling).
+    stride by pooling), :class:`~aadet.modeling.backbone.halo_resnet.HaloBottleneckBlock`
+    (HaloNet's blocked attention, stride by attention downsampling) and
+    :class:`~aadet.modeling.backbone.aa_resnet.AABottleneckBlock` (the attention augmented
+    convolution, which also sets :attr:`keeps_conv_geometry`).
 
     ``attention`` (in addition to ``BottleneckBlock``'s arguments): options of the attention
     layer, the layer's defaults for those not given.
     """
 
-    #: ``(conv, value_init, **attention) -> nn.Module``: the layer standing where the 3x3
+    #: ``(conv, conv_init, **attention) -> nn.Module``: the layer standing where the 3x3
     #: ``conv`` stood (e.g. :func:`~aadet.modeling.attention_layers.local_attention_for_conv`).
     attention_layer: Callable[..., nn.Module]
+    #: Whether the layer keeps the convolution's groups, dilation and stride placement
+    #: (``stride_in_1x1``), as an augmented convolution does; False: a local attention layer.
+    keeps_conv_geometry: bool = False
 
     def __init__(
         self,
@@ -127,29 +146,70 @@ class AttentionBottleneckBlock(BottleneckBlock):
         dilation=1,
         **attention,
     ):
-        name = type(self).__name__
-        if num_groups != 1:
-            raise ValueError(f"{name} needs num_groups=1; got {num_groups}")
-        if dilation != 1:
-            raise ValueError(f"{name} needs dilation=1; got {dilation}")
+        if not self.keeps_conv_geometry:
+            name = type(self).__name__
+            if num_groups != 1:
+                raise ValueError(f"{name} needs num_groups=1; got {num_groups}")
+            if dilation != 1:
+                raise ValueError(f"{name} needs dilation=1; got {dilation}")
+            stride_in_1x1 = False  # conv1 has stride 1, conv2 (the attention) the block's stride
         super().__init__(
             in_channels,
             out_channels,
             bottleneck_channels=bottleneck_channels,
             stride=stride,
-            num_groups=1,
+            num_groups=num_groups,
             norm=norm,
-            stride_in_1x1=False,
-            dilation=1,
+            stride_in_1x1=stride_in_1x1,
+            dilation=dilation,
         )
-        # conv1 was built with stride 1 (stride_in_1x1=False); conv2 carries the stride.
         self.conv2 = self.attention_layer(self.conv2, weight_init.c2_msra_fill, **attention)
 
 
-def check_stage_names(key: str, stages: Sequence[str]) -> Tuple[str, ...]:
-    """``stages`` (the value of config key ``key``) as a tuple of :data:`STAGE_NAMES`."""
-    check_subset(tuple(stages), STAGE_NAMES, key, config_error)
+def check_stage_names(
+    name: str, stages: Sequence[str], error: ErrorFactory = config_error
+) -> Tuple[str, ...]:
+    """``stages`` as a tuple of :data:`STAGE_NAMES`: the one check of stage names, of a config key
+    (``error=config_error``, the default) or of a builder's argument (``argument_error``), each
+    named ``name`` in the error."""
+    check_subset(tuple(stages), STAGE_NAMES, name, error)
     return tuple(stages)
+
+
+def _check_attention_stage(stage: ResNetStage, section: str, where: str, options: Dict) -> None:
+    """Settings a stage of local attention blocks cannot take (the conv stages may), named by their
+    keys: ``MODEL.RESNETS.NUM_GROUPS`` and ``RES5_DILATION`` 1, and ``<section>.NUM_HEADS`` heads
+    that split the stage's bottleneck width with at least :func:`min_head_channels` channels each
+    (``options``: the layer's, its defaults filled in)."""
+    name, width = stage.name, stage.bottleneck_channels
+    if stage.num_groups != 1:
+        raise config_error("MODEL.RESNETS.NUM_GROUPS", f"1 {where}", stage.num_groups)
+    if stage.dilation != 1:
+        raise config_error("MODEL.RESNETS.RES5_DILATION", f"1 {where}", stage.dilation)
+    check_num_heads(
+        options["num_heads"],
+        width,
+        min_per_head=min_head_channels(options["positional_encoding"]),
+        name=f"{section}.NUM_HEADS",
+        channels_name=f"the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage)",
+        per_head_reason=f"for relative positions in {name}, bottleneck width {width}",
+        error=config_error,
+    )
+
+
+def attention_resnet_from_config(cfg, section: str, stem: CNNBlockBase, attention: Dict) -> Dict:
+    """The arguments of a builder over :func:`build_attention_resnet` from the config: ``stem``,
+    the stages of ``<section>.STAGES`` (checked, naming the key), the layer options
+    ``attention`` and :func:`resnet_from_config`'s. ``section``: e.g. ``"MODEL.HALO"``."""
+    node = cfg
+    for name in section.split("."):
+        node = node[name]
+    return dict(
+        stem=stem,
+        attention_stages=check_stage_names(f"{section}.STAGES", node.STAGES),
+        attention=attention,
+        **resnet_from_config(cfg),
+    )
 
 
 def basic_stem(cfg, input_shape: ShapeSpec) -> BasicStem:
@@ -299,6 +359,63 @@ def build_resnet(
         for block in (b for stage in stages for b in stage):
             _zero_init_residual(block, builder)
     return ResNet(stem, stages, out_features=out_features, freeze_at=freeze_at)
+
+
+def build_attention_resnet(
+    stem: CNNBlockBase,
+    *,
+    attention_stages: Sequence[str],
+    attention: Dict,
+    block_class: type,
+    layer_class: type,
+    section: str,
+    builder: str,
+    check_stage: Optional[Callable[[ResNetStage, str, Dict], None]] = None,
+    **resnet,
+) -> ResNet:
+    """:func:`build_resnet` at the bottleneck depths with ``block_class`` (an
+    :class:`AttentionBottleneckBlock`) and its layer options ``attention`` in the stages named in
+    ``attention_stages``, Detectron2's blocks in the others: the body of the SASA and HaloNet
+    builders.
+
+    Args:
+        layer_class: the attention layer of ``block_class``, whose defaults stand for the
+            options ``attention`` does not give.
+        section: the backbone's config section (``"MODEL.SASA"``, ``"MODEL.HALO"``), which names
+            the keys in the errors.
+        builder: the calling builder's name, for error messages.
+        check_stage: ``(stage, where, options)``, the layer's own rules for an attention stage,
+            called after the shared ones (``where``: "when <stage> uses attention (...)", for
+            its messages; ``options``: ``attention`` with the layer's defaults).
+        resnet: :func:`build_resnet`'s other arguments.
+
+    Raises:
+        ValueError: naming the argument, for ``attention_stages`` not in :data:`STAGE_NAMES`
+            (from the config, the builder's ``from_config`` named the key).
+        ConfigValueError: naming the key, for settings an attention stage cannot take:
+            ``MODEL.RESNETS.NUM_GROUPS`` and ``RES5_DILATION`` other than 1, ``<section>.NUM_HEADS``
+            not splitting the stage's bottleneck width, and those of ``check_stage``.
+    """
+    attention_stages = check_stage_names("attention_stages", attention_stages, argument_error)
+    options = {**layer_defaults(layer_class), **attention}
+
+    def block_for_stage(stage: ResNetStage) -> BlockChoice:
+        if stage.name not in attention_stages:
+            return None
+        where = f"when {stage.name} uses attention ({section}.STAGES={attention_stages})"
+        _check_attention_stage(stage, section, where, options)
+        if check_stage is not None:
+            check_stage(stage, where, options)
+        return block_class, attention
+
+    return build_resnet(
+        stem,
+        block_for_stage=block_for_stage,
+        blocks_per_stage=BOTTLENECK_BLOCKS_PER_STAGE,
+        attention_stages=attention_stages,
+        builder=builder,
+        **resnet,
+    )
 
 
 def _zero_init_residual(block: CNNBlockBase, builder: str = "build_resnet") -> None:

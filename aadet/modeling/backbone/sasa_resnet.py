@@ -27,27 +27,21 @@ from detectron2.modeling.backbone import BACKBONE_REGISTRY
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.backbone.resnet import ResNet
 
-from ...config import config_error, layer_defaults
+from ...config import config_error
 from ...layers.attention_stem import SpatiallyAwareAttentionStem
 from ...layers.local_attention import LocalSelfAttention2d
-from ...layers.functional.checks import argument_error, check_num_heads, check_one_of, check_subset
+from ...layers.functional.checks import check_one_of
 from ..attention_layers import local_attention_for_conv, sasa_layer_kwargs
 from .fpn import build_retinanet_fpn
 from .resnet_stages import (
-    BASIC_DEPTHS,
-    RESNET_BLOCKS_PER_STAGE,
-    STAGE_NAMES,
     AttentionBottleneckBlock,
-    ResNetStage,
+    attention_resnet_from_config,
     basic_stem,
-    build_resnet,
-    check_stage_names,
-    resnet_from_config,
+    build_attention_resnet,
 )
 
 __all__ = [
     "SASABottleneckBlock",
-    "SASA_BLOCKS_PER_STAGE",
     "SASA_STEMS",
     "build_sasa_resnet_backbone",
     "build_retinanet_sasa_resnet_fpn_backbone",
@@ -55,12 +49,6 @@ __all__ = [
 
 #: ``MODEL.SASA.STEM``: ResNet's conv stem, or the spatially-aware attention stem.
 SASA_STEMS = ("conv", "attention")
-
-# Blocks per stage (res2..res5): the bottleneck depths of the shared table (26/38: ResNet-50 minus
-# 2/1 blocks per stage, paper Sec. 4.1); SASA blocks are bottlenecks.
-SASA_BLOCKS_PER_STAGE = {
-    depth: blocks for depth, blocks in RESNET_BLOCKS_PER_STAGE.items() if depth not in BASIC_DEPTHS
-}
 
 
 class SASABottleneckBlock(AttentionBottleneckBlock):
@@ -105,38 +93,11 @@ def _build_stem(cfg, input_shape: ShapeSpec):
     )
 
 
-def _check_attention_stage(stage: ResNetStage, attention_stages, attention: Dict[str, Any]):
-    """Settings an attention stage cannot take (the conv stages may)."""
-    name, width = stage.name, stage.bottleneck_channels
-    if stage.num_groups != 1:
-        raise config_error(
-            "MODEL.RESNETS.NUM_GROUPS",
-            f"1 when {name} uses attention (MODEL.SASA.STAGES={tuple(attention_stages)})",
-            stage.num_groups,
-        )
-    if stage.dilation != 1:
-        raise config_error("MODEL.RESNETS.RES5_DILATION", "1 when res5 uses attention", stage.dilation)
-    options = {**layer_defaults(LocalSelfAttention2d), **attention}
-    check_num_heads(
-        options["num_heads"],
-        width,
-        min_per_head=2 if options["positional_encoding"] == "relative" else 1,
-        name="MODEL.SASA.NUM_HEADS",
-        channels_name=f"the {name} bottleneck width {width} (MODEL.RESNETS.WIDTH_PER_GROUP * 2^stage)",
-        per_head_reason=f"for relative positions in {name}, bottleneck width {width}",
-        error=config_error,
-    )
-
-
 def _sasa_resnet_from_config(cfg, input_shape: ShapeSpec) -> Dict[str, Any]:
     """``MODEL.SASA.*`` and ``MODEL.RESNETS.*`` -> :func:`build_sasa_resnet_backbone`'s
     arguments, checking the keys this builder owns (stage names, the stem)."""
-    return dict(
-        stem=_build_stem(cfg, input_shape),
-        attention_stages=check_stage_names("MODEL.SASA.STAGES", cfg.MODEL.SASA.STAGES),
-        attention=sasa_layer_kwargs(cfg),
-        **resnet_from_config(cfg),
-    )
+    stem = _build_stem(cfg, input_shape)
+    return attention_resnet_from_config(cfg, "MODEL.SASA", stem, sasa_layer_kwargs(cfg))
 
 
 @BACKBONE_REGISTRY.register()
@@ -161,22 +122,16 @@ def build_sasa_resnet_backbone(
 
     Raises:
         ConfigValueError: naming the key, for settings an attention stage cannot take.
+        ValueError: naming the argument, for ``attention_stages`` not in ``res2`` .. ``res5``
+            (from the config, a ConfigValueError naming ``MODEL.SASA.STAGES``).
     """
-    attention_stages = tuple(attention_stages)
-    # the plain-argument path's check (from the config, _sasa_resnet_from_config named the key)
-    check_subset(attention_stages, STAGE_NAMES, "attention_stages", argument_error)
-
-    def block_for_stage(stage: ResNetStage):
-        if stage.name not in attention_stages:
-            return None
-        _check_attention_stage(stage, attention_stages, attention)
-        return SASABottleneckBlock, attention
-
-    return build_resnet(
+    return build_attention_resnet(
         stem,
-        block_for_stage=block_for_stage,
-        blocks_per_stage=SASA_BLOCKS_PER_STAGE,
         attention_stages=attention_stages,
+        attention=attention,
+        block_class=SASABottleneckBlock,
+        layer_class=LocalSelfAttention2d,
+        section="MODEL.SASA",
         builder="build_sasa_resnet_backbone",
         **resnet,
     )
