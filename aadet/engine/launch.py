@@ -151,6 +151,17 @@ def _tcp_url(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+def _check_machine_rank(env: DistEnv, environ: Mapping[str, str], name: str, fix: str) -> DistEnv:
+    """``env``, after checking that the machine the launcher's variable ``name`` gives (torchrun's
+    ``GROUP_RANK``, SLURM's ``SLURM_NODEID``), when set, is ``rank // local_world_size``: ranks
+    are contiguous per machine (:class:`DistEnv`). ``fix``: what the user should change."""
+    if environ.get(name) and _int(environ, name, env.source) != env.machine_rank:
+        raise LaunchConfigError(
+            f"{env.source}: {name}={environ[name]} but rank {env.rank} // {env.local_world_size} "
+            f"workers per machine = {env.machine_rank}: {fix}")
+    return env
+
+
 def _int(environ: Mapping[str, str], name: str, source: str) -> int:
     value = environ.get(name)
     if value is None or value == "":
@@ -181,12 +192,7 @@ def torchrun_env(environ: Mapping[str, str]) -> Optional[DistEnv]:
         master_port=_int(environ, "MASTER_PORT", src),
         source=src,
     )
-    if environ.get("GROUP_RANK") and _int(environ, "GROUP_RANK", src) != env.machine_rank:
-        raise LaunchConfigError(
-            f"torchrun: GROUP_RANK={environ['GROUP_RANK']} but RANK {env.rank} // LOCAL_WORLD_SIZE "
-            f"{env.local_world_size} = {env.machine_rank}: every machine must run the same "
-            "--nproc-per-node")
-    return env
+    return _check_machine_rank(env, environ, "GROUP_RANK", "every machine must run the same --nproc-per-node")
 
 
 # ----------------------------------------------------------------------------- SLURM
@@ -262,12 +268,9 @@ def slurm_env(environ: Mapping[str, str]) -> Optional[DistEnv]:
     env = DistEnv(world_size=world, rank=_int(environ, "SLURM_PROCID", src),
                   local_rank=_int(environ, "SLURM_LOCALID", src), local_world_size=per_node[0],
                   master_addr=addr, master_port=port, source=src)
-    if environ.get("SLURM_NODEID") and _int(environ, "SLURM_NODEID", src) != env.machine_rank:
-        raise LaunchConfigError(
-            f"slurm: task {env.rank} runs on node {environ['SLURM_NODEID']} but rank // "
-            f"{env.local_world_size} tasks per node = {env.machine_rank}: use the block task "
-            "distribution (srun --distribution=block, the default)")
-    return env
+    return _check_machine_rank(
+        env, environ, "SLURM_NODEID", "use the block task distribution (srun --distribution=block, the default)"
+    )
 
 
 # ----------------------------------------------------------------------------- choosing
