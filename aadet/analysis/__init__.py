@@ -11,22 +11,7 @@ attention layers attend.
 Benchmark timing, reports and cost tables are the project's tools, not this package
 (``tools/aadet_tools``).
 """
-from .attention_stats import (  # noqa: F401
-    AttentionStats,
-    AttentionStatsCollector,
-    attention_layers,
-    attention_perplexity,
-    augmented_attention_perplexity,
-    halo_attention_perplexity,
-    local_attention_perplexity,
-    relative_embedding_grad_ratios,
-    stem_attention_perplexity,
-)
-
-from .flops import (  # noqa: F401
-    FlopReport,
-    attention_flops,
-    count_flops,
-    detector_flops,
-)
-from .params import count_parameters, parameter_breakdown  # noqa: F401
+# Each module's __all__ is its public API, re-exported here as it stands (one list per module).
+from .attention_stats import *  # noqa: F401,F403
+from .flops import *  # noqa: F401,F403
+from .params import *  # noqa: F401,F403
