@@ -3,7 +3,6 @@
 
     python tools/analyze_model.py --config-file configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml
     python tools/analyze_model.py --all                      # every config under configs/
-    python tools/analyze_model.py --all --markdown > docs/model_table.md
     python tools/analyze_model.py --all --no-flops           # parameters only (seconds)
     python tools/analyze_model.py --config-file CFG --size 800 MODEL.AA.KAPPA 0.25
 
@@ -17,7 +16,6 @@ themselves (fvcore's "flops") are printed too. Runs on CPU; a 640x640 count take
 import argparse
 import logging
 import os
-import shlex
 import sys
 import time
 import warnings
@@ -27,18 +25,10 @@ warnings.filterwarnings(
 )  # torch.jit deprecation (detectron2, fvcore)
 
 import aadet  # noqa: E402,F401  (registers the models)
-from aadet_tools.model_table import (  # noqa: E402
-    DEMO_COLUMN,
-    analyze_config,
-    list_configs,
-    MARKDOWN_COMMAND,
-    load_demo_results,
-    render_markdown,
-    row_cells,
-)
+from aadet.analysis.model_stats import analyze_config, list_configs  # noqa: E402
+from aadet.benchmark.report import write_json  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DEMO_RESULTS = os.path.join("docs", "demo_results.json")
 
 
 def build_parser():
@@ -60,18 +50,7 @@ def build_parser():
         "INPUT.MAX_SIZE_TEST square: 640 for COCO, the papers' size)",
     )
     p.add_argument("--no-flops", action="store_true", help="parameters only")
-    p.add_argument(
-        "--markdown",
-        action="store_true",
-        help="print the model table (between model-table markers) instead of text",
-    )
     p.add_argument("--json", metavar="FILE", help="also write all numbers (exact counts) as JSON")
-    p.add_argument(
-        "--demo-results",
-        default=DEFAULT_DEMO_RESULTS,
-        metavar="FILE",
-        help=f"demo AP per config name (JSON, default {DEFAULT_DEMO_RESULTS}; missing = none)",
-    )
     p.add_argument(
         "opts",
         nargs=argparse.REMAINDER,
@@ -81,9 +60,14 @@ def build_parser():
     return p
 
 
+def _paper_delta(ours: float, paper, digits: int) -> str:
+    if paper is None:
+        return "not in the paper"
+    return f"{paper:g} (ours {ours - paper:+.{digits}f}, {100 * (ours - paper) / paper:+.1f}%)"
+
+
 def _text_report(row) -> str:
     p, f = row.params, row.flops
-    cells = row_cells(row)
     lines = [
         f"== {row.config}",
         f"  params      {p['total']:>12,d}  (backbone {p['backbone']:,d} / FPN {p['fpn']:,d} / head {p['head']:,d}"
@@ -102,13 +86,14 @@ def _text_report(row) -> str:
         )
         if f.get("unsupported_ops"):
             lines.append(f"  WARNING: ops fvcore could not count: {f['unsupported_ops']}")
-    if row.paper is not None:
+    paper = row.paper
+    if paper is not None:
+        gflops = 2 * f["total"] / 1e9 if f is not None else None
         lines.append(
-            f"  paper ({row.paper.source}): params {cells['Paper params (M)']} M (Δ {cells['Δ params (M)']}), "
-            f"GFLOPs {cells['Paper GFLOPs']} (Δ {cells['Δ GFLOPs'] or 'not counted'}), mAP {cells['Paper COCO mAP']}"
+            f"  paper ({paper.source}): params (M) {_paper_delta(p['total'] / 1e6, paper.params_m, 2)}; "
+            + (f"GFLOPs {_paper_delta(gflops, paper.gflops, 1)}; " if gflops is not None else "")
+            + f"COCO mAP {paper.map if paper.map is not None else 'not given'}"
         )
-    if row.demo is not None:
-        lines.append(f"  {DEMO_COLUMN}: {cells[DEMO_COLUMN]}")
     return "\n".join(lines)
 
 
@@ -128,30 +113,13 @@ def main(argv=None) -> int:
         missing = [c for c in configs if not os.path.isfile(c)]
         if missing:
             raise SystemExit(f"config file(s) not found: {missing}")
-    demo = load_demo_results(
-        args.demo_results
-        if os.path.isabs(args.demo_results)
-        else os.path.join(REPO, args.demo_results)
-    )
     rows = []
     for c in configs:
         t0 = time.perf_counter()
-        row = analyze_config(c, size, flops=not args.no_flops, opts=args.opts, demo_results=demo)
+        row = analyze_config(c, size, flops=not args.no_flops, opts=args.opts)
         rows.append(row)
-        if not args.markdown:
-            print(_text_report(row) + f"\n  ({time.perf_counter() - t0:.1f} s)", flush=True)
-    if args.markdown:
-        default = args.all and size is None and not args.no_flops and not args.opts
-        command = (
-            MARKDOWN_COMMAND
-            if default
-            else "python tools/analyze_model.py "
-            + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-        )
-        sys.stdout.write(render_markdown(rows, command))
+        print(_text_report(row) + f"\n  ({time.perf_counter() - t0:.1f} s)", flush=True)
     if args.json:
-        from aadet_tools.report import write_json
-
         write_json(args.json, {"rows": [r.to_json() for r in rows]})
     return 0
 

@@ -17,14 +17,14 @@ For every config (and AMP mode), in one run and on the same synthetic batch (ran
 boxes, generated once and loaded by every case; no dataset needed):
 
 * **training iteration**: forward with losses, backward, SGD step (Detectron2's RetinaNet loss,
-  the config's model; ``tools/aadet_tools/training_step.py``); median over ``--iters`` after
+  the config's model; ``aadet/benchmark/training_step.py``); median over ``--iters`` after
   ``--warmup``; images/s = batch / median;
 * **inference latency**: ``model.eval()`` forward of the batch under ``torch.no_grad()``,
   post-processing included; median per batch and per image;
 * **peak memory** of each phase: CUDA ``max_memory_allocated``; CPU the process' resident-set
   high-water mark in a memory pass after the timed rounds (each case once more, in a process
   where malloc returns every tensor to the system when it is freed: see
-  ``tools/aadet_tools/timing.py``), both absolute and above the state before the phase (weights
+  ``aadet/benchmark/timing.py``), both absolute and above the state before the phase (weights
   and inputs already resident): the ratios use the latter;
 * each as a **ratio to the baseline** (``--baseline``, default the first config) of the same run
   and AMP mode.
@@ -43,8 +43,8 @@ rounds' medians); either reports the ratio's spread. Writes JSON
 marked ``"partial": true`` until the run ends, so a run cut off at a time limit keeps the cases
 it finished; each case records its build time and each phase's wall time, warm-up included, as
 the progress lines on stderr do) and a markdown table (``--output-md``, or stdout; rendered by
-``tools/aadet_tools/benchmark_tables.py``); timing and report helpers: ``tools/aadet_tools/timing.py``
-and ``tools/aadet_tools/report.py``, shared with ``tools/benchmark_layers.py``.
+:mod:`aadet.benchmark.report`); the measuring is :mod:`aadet.benchmark`'s, shared with the
+project's layer benchmarks (``dev/benchmark_layers.py``).
 """
 
 import argparse
@@ -61,14 +61,14 @@ warnings.filterwarnings(
 
 import torch  # noqa: E402
 
-from aadet_tools.benchmark_tables import render_model_table  # noqa: E402
-from aadet_tools.report import (  # noqa: E402
+from aadet.benchmark.report import (  # noqa: E402
     index_results,
     ratios,
+    render_model_table,
     write_json,
     write_report,
 )
-from aadet_tools.timing import (  # noqa: E402
+from aadet.benchmark.timing import (  # noqa: E402
     AMP_DTYPES,
     TakeTurns,
     autocast,
@@ -84,8 +84,8 @@ from aadet_tools.timing import (  # noqa: E402
     run_interleaved,
     worker_main,
 )
-from aadet_tools.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
-from aadet_tools.training_step import TrainingStep  # noqa: E402
+from aadet.benchmark.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet.benchmark.training_step import TrainingStep  # noqa: E402
 
 
 def build_parser():
@@ -250,10 +250,10 @@ def add_ratios(results, baseline: str):
 
 def combine_case(same: List[dict]) -> dict:
     """One case's results of several rounds (each with its own ``ratios``) as one: the phases
-    combined by :func:`~aadet_tools.timing.combine_rounds`, and ``ratio_ranges`` ``{metric: [min,
+    combined by :func:`~aadet.benchmark.timing.combine_rounds`, and ``ratio_ranges`` ``{metric: [min,
     max]}`` of the rounds' own ratios (each round's cases ran minutes apart, so a ratio within a
     round is the one least touched by a drifting machine). With
-    :func:`~aadet_tools.timing.merge_rounds`, a case that failed in any round is reported by its
+    :func:`~aadet.benchmark.timing.merge_rounds`, a case that failed in any round is reported by its
     first failure."""
     r = {k: v for k, v in same[0].items() if k != "ratios"}
     for phase in ("train", "inference"):
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
                             write_json(args.output_json, make_report(add_ratios(list(results), baseline), partial=True))
             rounds.append(add_ratios(results, baseline))
         results = merge_rounds(rounds, combine_case)
-        if device.type == "cpu":  # the peaks from a memory pass (aadet_tools/timing.py)
+        if device.type == "cpu":  # the peaks from a memory pass (aadet/benchmark/timing.py)
             print(f"[benchmark] memory pass: {len(round_specs)} cases ...", file=sys.stderr, flush=True)
             results = memory_pass(__file__, results, round_specs, tmp, timeout=args.case_timeout,
                                   run=run_case_in_subprocess)

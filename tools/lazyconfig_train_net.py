@@ -13,15 +13,13 @@ continuing the exact data stream, ``train.model_ema``, ``model_best.pth``, evalu
 split of ``dataloader.test.dataset.names``, your own data from ``dataloader.register_coco``, the
 epoch schedule ``train.epochs``. The pieces: ``configs/common/``; docs/training.md, "LazyConfig".
 """
-import logging
-
-from detectron2.engine import default_argument_parser, default_setup
+from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 import aadet  # noqa: F401  (registers models and datasets)
 from aadet.data import register_trees
-from aadet.engine.launch import add_launch_arguments, launch
+from aadet.engine.defaults import launch_from_args, training_argument_parser
 from aadet.engine.lazy import LazyTrainer, apply_lazy_epoch_schedule, evaluate_lazy_checkpoint, load_lazy_config
 
 
@@ -40,26 +38,8 @@ def main(args):
 
 
 def build_parser():
-    parser = add_launch_arguments(default_argument_parser())
-    parser.add_argument(
-        "--allow-mismatched-weights",
-        action="store_true",
-        help="start training from train.init_checkpoint even if its keys/shapes differ from the "
-        "model (mismatched parameters keep their initialization); without it a mismatch is an error",
-    )
-    return parser
+    return training_argument_parser("train.init_checkpoint")
 
 
 if __name__ == "__main__":
-    args = build_parser().parse_args()
-    logging.getLogger("aadet").info("Command Line Args: %s", args)
-    launch(
-        main,
-        args.num_gpus,
-        num_machines=args.num_machines,
-        machine_rank=args.machine_rank,
-        dist_url=args.dist_url,
-        args=(args,),
-        timeout_s=args.dist_timeout,
-        launcher=args.launcher,
-    )
+    launch_from_args(main, build_parser().parse_args())

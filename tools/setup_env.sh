@@ -21,7 +21,7 @@
 # Machines without a package index (cluster nodes, air-gapped GPU machines):
 #  * AADET_WHEELHOUSE=DIR (or --wheelhouse DIR): every pip install runs with
 #    `--no-index --find-links DIR`, and the Detectron2 wheel is taken from DIR. Make DIR on a
-#    machine with the index: `bash tools/make_wheelhouse.sh DIR --python-version 3.12` (see there).
+#    machine with the index: `bash dev/make_wheelhouse.sh DIR --python-version 3.12` (see there).
 #  * AADET_SYSTEM_SITE=1 (or --system-site): reuse the machine's own torch (a CUDA build that must
 #    not be replaced); torch must import already, nothing installs one. If $PYTHON is itself a
 #    virtual environment (e.g. /opt/torch/.venv/bin/python3), aadet goes into that environment (a
@@ -122,7 +122,7 @@ else
 import glob, sys, sysconfig, zipfile
 found = sorted(glob.glob(f"{sys.argv[1]}/sal_detectron2-0.7.2-*.whl"))
 if not found:
-    sys.exit(f"[setup] no sal_detectron2-0.7.2-*.whl in {sys.argv[1]} (tools/make_wheelhouse.sh puts it there)")
+    sys.exit(f"[setup] no sal_detectron2-0.7.2-*.whl in {sys.argv[1]} (dev/make_wheelhouse.sh puts it there)")
 wheel = found[-1]
 site = sysconfig.get_paths()["purelib"]
 with zipfile.ZipFile(wheel) as z:
@@ -140,7 +140,7 @@ fi
 # for this CPU and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Without g++
 # the attention on CPU falls back to slower pure-PyTorch routes, so a failed build does not fail
 # the setup.
-# AADET_BUILD_CPU_KERNELS=0 leaves the build to their first use (tools/gpu_loan.sh: minutes are counted there).
+# AADET_BUILD_CPU_KERNELS=0 leaves the build to their first use (dev/gpu_loan.sh: minutes are counted there).
 if [ "${AADET_BUILD_CPU_KERNELS:-1}" = 1 ]; then
   "$PY" -c "from aadet.layers.functional.backends.cpu_kernels import main; main()" || echo "[setup] C++ kernels not built (see above)"
 fi

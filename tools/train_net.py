@@ -10,20 +10,18 @@
 Several machines, torchrun, SLURM, --dist-timeout: docs/multi_machine.md (aadet/engine/launch.py).
 Every run writes ``OUTPUT_DIR/run_summary.json`` (config, seed, commit, machine, times, final
 metrics): this script registers the hook, as Detectron2's training scripts add their own
-(``tools/aadet_tools/run_summary.py``).
+(``aadet/engine/run_summary.py``).
 """
-import logging
+from detectron2.engine import default_setup
+from detectron2.evaluation import verify_results
+from detectron2.utils import comm
+from detectron2.utils.logger import setup_logger
 
-from detectron2.engine import default_argument_parser, default_setup  # noqa: E402
-from detectron2.evaluation import verify_results  # noqa: E402
-from detectron2.utils import comm  # noqa: E402
-from detectron2.utils.logger import setup_logger  # noqa: E402
-
-import aadet  # noqa: E402,F401  (registers models and datasets)
-from aadet.data import register_trees  # noqa: E402
-from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config  # noqa: E402
-from aadet.engine.launch import add_launch_arguments, launch  # noqa: E402
-from aadet_tools.run_summary import RunSummaryHook, write_run_summary  # noqa: E402
+import aadet  # noqa: F401  (registers models and datasets)
+from aadet.data import register_trees
+from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config
+from aadet.engine.defaults import launch_from_args, training_argument_parser
+from aadet.engine.run_summary import RunSummaryHook, write_run_summary
 
 
 def config_opts(args):
@@ -69,13 +67,7 @@ def main(args):
 
 
 def build_parser():
-    parser = add_launch_arguments(default_argument_parser())
-    parser.add_argument(
-        "--allow-mismatched-weights",
-        action="store_true",
-        help="start training from MODEL.WEIGHTS even if its keys/shapes differ from the model "
-        "(mismatched parameters keep their initialization); without it a mismatch is an error",
-    )
+    parser = training_argument_parser("MODEL.WEIGHTS")
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -87,15 +79,4 @@ def build_parser():
 
 
 if __name__ == "__main__":
-    args = build_parser().parse_args()
-    logging.getLogger("aadet").info("Command Line Args: %s", args)
-    launch(
-        main,
-        args.num_gpus,
-        num_machines=args.num_machines,
-        machine_rank=args.machine_rank,
-        dist_url=args.dist_url,
-        args=(args,),
-        timeout_s=args.dist_timeout,
-        launcher=args.launcher,
-    )
+    launch_from_args(main, build_parser().parse_args())

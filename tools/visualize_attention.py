@@ -10,14 +10,14 @@ Pixels are ``x,y`` in the original image. Without ``--layer`` the first augmente
 """
 import argparse
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-import aadet  # noqa: E402,F401
+import aadet  # noqa: F401
 from aadet.engine import Predictor
-from aadet.engine.tool_config import load_any_config  # noqa: E402
-from aadet.layers import AugmentedConv2d  # noqa: E402
-from aadet.utils.images import read_image, to_rgb  # noqa: E402
+from aadet.engine.tool_config import load_any_config
+from aadet.layers import AugmentedConv2d
+from aadet.utils.images import read_image, to_rgb
 
 
 def aa_layers(model):

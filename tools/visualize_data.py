@@ -7,13 +7,13 @@ boxes, to check the recipe; or the raw annotations with --source annotation.
 import argparse
 import os
 
-from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from detectron2.utils.visualizer import Visualizer  # noqa: E402
-from PIL import Image  # noqa: E402
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.utils.visualizer import Visualizer
+from PIL import Image
 
-import aadet  # noqa: E402,F401
-from aadet.data import register_trees  # noqa: E402
-from aadet.engine.tool_config import build_train_mapper, inference_settings, load_any_config  # noqa: E402
+import aadet  # noqa: F401
+from aadet.data import register_trees
+from aadet.engine.tool_config import build_train_mapper, inference_settings, load_any_config
 
 
 def main(argv=None):

@@ -12,16 +12,16 @@ ground truth | detections panels have the same scale and canvas size.
 import argparse
 import os
 
-import numpy as np  # noqa: E402
-from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from PIL import Image
 
-import aadet  # noqa: E402,F401
-from aadet.data import register_trees  # noqa: E402
+import aadet  # noqa: F401
+from aadet.data import register_trees
 from aadet.engine import Predictor
-from aadet.engine.tool_config import inference_settings, load_any_config  # noqa: E402
-from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb  # noqa: E402
-from aadet.utils.visualizer import MAX_LABELS, MIN_SIDE, draw_instances, enlarge_factor, side_by_side  # noqa: E402
+from aadet.engine.tool_config import inference_settings, load_any_config
+from aadet.utils.images import IMAGE_EXTS, read_image, to_rgb
+from aadet.utils.visualizer import MAX_LABELS, MIN_SIDE, draw_instances, enlarge_factor, side_by_side
 
 
 def list_inputs(args):

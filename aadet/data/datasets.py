@@ -7,7 +7,7 @@
     # then DATASETS.TRAIN: ("my_train",)
 
 :func:`register_trees` registers the built-in demo splits ``trees_train``, ``trees_val`` and ``trees_test`` (made
-by ``python tools/prepare_demo_data.py``; names and paths in :mod:`aadet.data.trees`);
+by ``python datasets/prepare_trees.py``; names and paths in :mod:`aadet.data.trees`);
 ``import aadet.data`` does it with the default data root, without touching the disk.
 
 Both wrap what Detectron2's ``register_coco_instances`` does (a lazy ``load_coco_json`` loader and
@@ -124,14 +124,14 @@ def register_trees(root=None) -> Dict[str, tuple]:
     ``root`` defaults to :func:`aadet.data.trees.default_root` (``$AADET_DATASETS``, else
     ``$DETECTRON2_DATASETS``, else ``./datasets``). Lazy: the disk is read only by
     ``DatasetCatalog.get``, which raises FileNotFoundError with the command that makes the data
-    (``python tools/prepare_demo_data.py --root ROOT``) when it is missing. Registering again with
+    (``python datasets/prepare_trees.py --root ROOT``) when it is missing. Registering again with
     the same root does nothing; with another root it replaces the earlier registration.
 
     Returns:
         ``{name: (json_file, image_root)}``.
     """
     root = _abspath(root if root is not None else trees.default_root())
-    hint = f"run `python tools/prepare_demo_data.py --root {root}` to make it"
+    hint = f"run `python datasets/prepare_trees.py --root {root}` to make it"
     paths = trees.dataset_paths(root)
     for name, (json_file, image_root) in paths.items():
         existing = _registered_paths(name)

@@ -1,9 +1,9 @@
 """The demo tree-crown dataset as the library sees it: split names, dataset names, paths, classes.
 
 This is everything registration needs (:func:`aadet.data.register_trees`) and nothing more: no
-download, no tiling, no file writing. The data is made by ``python tools/prepare_demo_data.py``
+download, no tiling, no file writing. The data is made by ``python datasets/prepare_trees.py``
 (its logic, the source wheel, the split by source image, the tiling and clipping rule, lives in
-``tools/aadet_tools/prepare_trees.py``), which takes these names and paths from here, so the tool and the
+``datasets/prepare_trees.py``), which takes these names and paths from here, so the tool and the
 registration cannot disagree on where the data is.
 
 Layout under the data root (``$AADET_DATASETS``, else ``$DETECTRON2_DATASETS``, else

@@ -1,4 +1,5 @@
-"""Building an aadet config the same way in every tool."""
+"""Building an aadet config the same way in every tool, and the training scripts' command line
+(Detectron2's ``engine/defaults.py`` holds both too)."""
 import logging
 import os
 import re
@@ -7,6 +8,7 @@ from typing import Optional
 import torch
 import yaml
 from detectron2.config import get_cfg
+from detectron2.engine import default_argument_parser
 
 from ..config import (
     UnknownConfigKeyError,
@@ -15,8 +17,9 @@ from ..config import (
     validate_aadet_config,
 )
 from ..data.datasets import register_coco_from_config
+from .launch import add_launch_arguments, launch
 
-__all__ = ["get_aadet_cfg", "load_config"]
+__all__ = ["get_aadet_cfg", "load_config", "training_argument_parser", "launch_from_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,3 +102,34 @@ def _file_setting(config_file: str, key: str) -> str:
             b = os.path.expanduser(b)
             todo.append(b if b.startswith("/") else os.path.join(os.path.dirname(path), b))
     return config_file
+
+
+def training_argument_parser(weights: str):
+    """The command line of ``tools/train_net.py`` and ``tools/lazyconfig_train_net.py``:
+    Detectron2's ``default_argument_parser()``, the launch flags (:func:`~.launch.add_launch_arguments`)
+    and ``--allow-mismatched-weights``; ``weights`` names where the weights come from (the
+    config key, for the help text)."""
+    parser = add_launch_arguments(default_argument_parser())
+    parser.add_argument(
+        "--allow-mismatched-weights",
+        action="store_true",
+        help=f"start training from {weights} even if its keys/shapes differ from the model "
+        "(mismatched parameters keep their initialization); without it a mismatch is an error",
+    )
+    return parser
+
+
+def launch_from_args(main, args) -> None:
+    """Run ``main(args)`` in the processes ``args`` asks for (:func:`~.launch.launch`: ``--num-gpus``,
+    ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``--dist-timeout``, ``--launcher``)."""
+    logging.getLogger("aadet").info("Command Line Args: %s", args)
+    launch(
+        main,
+        args.num_gpus,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        dist_url=args.dist_url,
+        args=(args,),
+        timeout_s=args.dist_timeout,
+        launcher=args.launcher,
+    )

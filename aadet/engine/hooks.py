@@ -8,8 +8,8 @@
   (:class:`~aadet.engine.ema.ModelEMA`); ``Trainer.build_hooks`` adds it when
   ``MODEL_EMA.ENABLED``.
 
-The run summary that ``tools/train_net.py`` writes after training is the script's own hook
-(``tools/aadet_tools/run_summary.py``), registered as Detectron2's training scripts add theirs.
+* :class:`~.run_summary.RunSummaryHook` (in :mod:`.run_summary`, beside its file format): the
+  run's ``run_summary.json`` after training; ``tools/train_net.py`` registers it.
 """
 import logging
 

@@ -330,7 +330,7 @@ def test_a_short_run_matches_train_net(tmp_path, data_env):
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tools")]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     runs = {
         "yaml": ["tools/train_net.py", "--config-file", CONV_DEMO, "--num-gpus", "0", "SOLVER.EPOCHS", "0",
                  "SOLVER.STEPS_EPOCHS", "()", "SOLVER.STEPS", "()", "SOLVER.MAX_ITER", "3", "DATASETS.TEST", "()",

@@ -1,8 +1,8 @@
 """The demo dataset's registration (``aadet.data``: names, paths, lazy loading), one-line COCO
 registration, and the dataset checker (``aadet.data.checks``, ``tools/check_dataset.py``).
 
-The data comes from ``tests/conftest.py``'s ``prepared`` / ``scratch`` (built from the pinned wheel
-by the tool's code, whose tests are ``tests/tools/test_prepare_trees.py``).
+The data comes from ``conftest.py``'s ``prepared`` / ``scratch`` (built from the pinned wheel
+by the tool's code, whose tests are ``tests/datasets/test_prepare_trees.py``).
 """
 
 import json
@@ -105,7 +105,7 @@ def test_register_trees(prepared, tmp_path, restore_trees_registration):
         DatasetCatalog.get("trees_train")
     msg = str(e.value)
     assert str(missing / "trees" / "annotations" / "trees_train.json") in msg
-    assert f"python tools/prepare_demo_data.py --root {missing}" in msg
+    assert f"python datasets/prepare_trees.py --root {missing}" in msg
 
 
 def test_import_registers_default_names():

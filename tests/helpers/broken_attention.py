@@ -115,7 +115,7 @@ def break_attention(mutation: str, patch=setattr):
 def mark_summary(argv, mutation: str) -> None:
     """Record ``mutation`` as ``"broken_attention"`` in the run's summary (``OUTPUT_DIR`` of the
     command line), so that a broken run can never pass for a correct one in docs/runs."""
-    from aadet_tools.run_summary import SUMMARY_FILE, load_summary, write_summary
+    from aadet.engine.run_summary import SUMMARY_FILE, load_summary, write_summary
 
     if "OUTPUT_DIR" not in argv:
         return
@@ -128,7 +128,7 @@ def mark_summary(argv, mutation: str) -> None:
 
 if __name__ == "__main__":
     mutation = sys.argv.pop(1)
-    break_attention(mutation)  # aadet_tools: on PYTHONPATH (learning_runs.environment())
+    break_attention(mutation)  # aadet_dev: on PYTHONPATH (learning_runs.environment())
     sys.argv[0] = os.path.join(REPO, "tools", "train_net.py")
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")

@@ -4,7 +4,7 @@
 measurement matrix behind their thresholds (every architecture x seeds x correct and each
 broken-attention mutation of ``tests/helpers/broken_attention.py``) and writes one OUTPUT_DIR per
 run, to record with
-``python tools/record_demo_results.py --into learning DIRS``::
+``python dev/record_demo_results.py --into learning DIRS``::
 
     python tests/helpers/learning_runs.py --out output/learning                     # everything
     python tests/helpers/learning_runs.py --out output/learning --arch aa --seeds 42  # a part
@@ -60,10 +60,10 @@ RUNS: Dict[str, LearningRun] = {
 
 
 def environment(**extra: str) -> Dict[str, str]:
-    """The environment of a run: this checkout's ``aadet`` and ``tools/`` (``aadet_tools``) on
+    """The environment of a run: this checkout's ``aadet`` and ``tools/`` (``aadet_dev``) on
     ``PYTHONPATH``, as a run through ``broken_attention.py`` needs (it starts ``train_net.py``
     from the helper's folder)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tools")]), **extra)
+    return dict(os.environ, PYTHONPATH=REPO, **extra)
 
 
 def command(arch: str, out: str, seed: Optional[int] = None, mutation: Optional[str] = None) -> List[str]:

@@ -1,8 +1,10 @@
-"""The import graph of ``aadet`` has floors and no cycles; tools import the library and their own
-shared package ``aadet_tools`` (``tools/aadet_tools/``), which ``aadet`` never imports. The
-package is what a user imports to build, train, evaluate, analyse and export models: it reads no
-archives, downloads nothing and runs no programs (preparing data, recording runs and rendering
-reports are the tools' work), and importing it loads none of the tools' code.
+"""The import graph of ``aadet`` has floors and no cycles; the user's commands (``tools/*.py``,
+``datasets/prepare_trees.py``) import the library and nothing else of the checkout; the project's
+own machinery (``dev/``, its shared package ``dev/aadet_dev``) imports the library, never the
+reverse. The package is what a user imports to build, train, evaluate, analyse, benchmark and
+export models: it reads no archives and downloads nothing, and runs no program but ``git`` for a
+run's provenance (``aadet.utils.collect_env``) and Python for a benchmark case in a fresh process
+(``aadet.benchmark.timing``); importing it loads none of the commands' or dev's code.
 
 Floors, lowest first (``/work/shared/STYLE.md``; Detectron2 has the same shape): a module never
 imports one on a higher floor, not even inside a function. Same-floor imports are allowed where
@@ -11,9 +13,11 @@ they form no cycle, neither between modules nor between the packages of a floor.
     0  aadet.layers
     1  aadet.utils, aadet.config
     2  aadet.modeling, aadet.data, and ``aadet/__init__.py`` (it imports config and modeling)
-    3  aadet.engine, aadet.export, aadet.analysis
-    4  tools/aadet_tools (the tools' shared code: imports aadet, never a tool)
-    5  tools/*.py (each imports aadet, aadet_tools and third-party packages, never another tool)
+    3  aadet.engine, aadet.export, aadet.analysis, aadet.benchmark
+    4  aadet.analysis.model_stats (builds a config's model through the engine)
+    5  tools/*.py, datasets/prepare_trees.py (the user's commands: aadet and third-party packages)
+    6  dev/aadet_dev (the project's shared machinery: imports aadet, never a command)
+    7  dev/*.py (import aadet and aadet_dev)
 
 Every module is parsed with ``ast`` (nothing is imported): all ``import`` / ``from ... import``
 statements, at any depth (functions, ``try``, ``if TYPE_CHECKING``), relative ones resolved.
@@ -33,8 +37,8 @@ import pytest
 from tests.helpers import REPO
 
 PACKAGE = "aadet"
-#: The tools' shared package (``tools/aadet_tools``): not part of the installed aadet.
-TOOLS_PACKAGE = "aadet_tools"
+#: The dev machinery's shared package (``dev/aadet_dev``): not part of the installed aadet.
+DEV_PACKAGE = "aadet_dev"
 
 #: Floor of each package of aadet (a module's floor is its package's); a new top-level module or
 #: package must be added here.
@@ -47,6 +51,8 @@ FLOORS: Dict[str, int] = {
     "aadet.engine": 3,
     "aadet.export": 3,
     "aadet.analysis": 3,
+    "aadet.benchmark": 3,
+    "aadet.analysis.model_stats": 4,
 }
 ROOT_FLOOR = 2  # aadet/__init__.py alone (not the modules under it)
 
@@ -238,67 +244,66 @@ def test_no_import_cycle_between_packages(graph):
     )
 
 
-# ----------------------------------------------------------------------------- tools
-def tool_files(root: str = REPO) -> Dict[str, str]:
-    tools = os.path.join(root, "tools")
-    return {f[:-3]: os.path.join(tools, f) for f in sorted(os.listdir(tools)) if f.endswith(".py")}
+# ----------------------------------------------------------------------------- tools and dev
+def script_files(folder: str, root: str = REPO) -> Dict[str, str]:
+    """``{module name: file}`` of the Python scripts directly in ``root/folder``."""
+    d = os.path.join(root, folder)
+    return {f[:-3]: os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".py")}
 
 
-def test_tools_import_the_library_not_each_other():
-    tools = tool_files()
-    bad = []
-    for name, path in tools.items():
-        for target, line in imports_of(path, name, is_package=False):
-            if target.split(".")[0] in tools:
-                bad.append(f"{path}:{line}: tools/{name}.py imports {target} (tools/{target.split('.')[0]}.py)")
-    assert not bad, "tools import other tools (move the shared code into tools/aadet_tools):\n" + "\n".join(bad)
+def user_commands(root: str = REPO) -> Dict[str, str]:
+    """``tools/*.py`` and ``datasets/prepare_trees.py``: what a user runs."""
+    return {**script_files("tools", root), "prepare_trees": os.path.join(root, "datasets", "prepare_trees.py")}
 
 
-def tools_package_files(root: str = REPO) -> Dict[str, str]:
-    """``{dotted module name: file}`` of ``tools/aadet_tools``."""
-    return module_files(os.path.join(root, "tools"), TOOLS_PACKAGE)
+def dev_package_files(root: str = REPO) -> Dict[str, str]:
+    """``{dotted module name: file}`` of ``dev/aadet_dev``."""
+    return module_files(os.path.join(root, "dev"), DEV_PACKAGE)
 
 
-def test_the_tools_package_imports_the_library_and_no_tool():
-    tools, modules = tool_files(), tools_package_files()
-    assert modules, f"no {TOOLS_PACKAGE} package under tools/"
-    bad = [
-        f"{path}:{line}: {name} imports {target} (tools/{target.split('.')[0]}.py)"
-        for name, path in modules.items()
-        for target, line in imports_of(path, name, path.endswith("__init__.py"))
-        if target.split(".")[0] in tools
-    ]
-    assert not bad, f"{TOOLS_PACKAGE} imports tools (a tool imports it, not the reverse):\n" + "\n".join(bad)
-
-
-def test_the_library_never_imports_the_tools_package(graph):
-    modules, _ = graph
-    bad = [
+def _imports_of_any(files: Dict[str, str], names) -> List[str]:
+    return [
         f"{path}:{line}: {name} imports {target}"
-        for name, path in modules.items()
+        for name, path in files.items()
         for target, line in imports_of(path, name, path.endswith("__init__.py"))
-        if target.split(".")[0] == TOOLS_PACKAGE
+        if target.split(".")[0] in names
     ]
-    assert not bad, f"aadet imports {TOOLS_PACKAGE} (the tools' code is not part of the installed package):\n" + \
-        "\n".join(bad)
 
 
-def test_the_library_never_imports_a_tool(graph):
+def test_user_commands_import_the_library_and_nothing_else_of_the_checkout():
+    commands = user_commands()
+    others = set(commands) | set(script_files("dev")) | {DEV_PACKAGE, "tests"}
+    bad = _imports_of_any(commands, others)
+    assert not bad, "a user's command imports another command or the project's machinery " \
+        "(shared code belongs in aadet):\n" + "\n".join(bad)
+
+
+def test_the_dev_package_imports_the_library_and_no_script():
+    modules = dev_package_files()
+    assert modules, f"no {DEV_PACKAGE} package under dev/"
+    bad = _imports_of_any(modules, set(user_commands()) | set(script_files("dev")))
+    assert not bad, f"{DEV_PACKAGE} imports a script (a script imports it, not the reverse):\n" + "\n".join(bad)
+
+
+def test_dev_scripts_import_no_other_script():
+    scripts = script_files("dev")
+    bad = _imports_of_any(scripts, set(scripts) | set(user_commands()))
+    assert not bad, "dev scripts import other scripts (move the shared code into dev/aadet_dev):\n" + "\n".join(bad)
+
+
+def test_the_library_imports_no_command_and_no_dev_code(graph):
     modules, _ = graph
-    tools = tool_files()
-    bad = [
-        f"{path}:{line}: {name} imports {target}"
-        for name, path in modules.items()
-        for target, line in imports_of(path, name, path.endswith("__init__.py"))
-        if target.split(".")[0] in tools
-    ]
-    assert not bad, "aadet imports tools/ modules:\n" + "\n".join(bad)
+    bad = _imports_of_any(modules, set(user_commands()) | set(script_files("dev")) | {DEV_PACKAGE})
+    assert not bad, "aadet imports code that is not part of the installed package:\n" + "\n".join(bad)
 
 
 # ----------------------------------------------------------------------------- the package's job
-#: Modules whose use is the tools' work, not the package's: archives, downloads, other programs.
+#: Modules whose use is the commands' work, not the package's: archives, downloads, other programs.
 OPERATIONS_MODULES = ("zipfile", "tarfile", "gzip", "bz2", "lzma", "urllib.request", "http", "requests",
                       "pip", "subprocess")
+#: The modules of aadet allowed one of them, and which: git for a run's provenance (as Detectron2's
+#: collect_env runs git), and a benchmark case in a fresh Python process of its own.
+OPERATIONS_ALLOWED = {"aadet.utils.collect_env": ("subprocess",), "aadet.benchmark.timing": ("subprocess",)}
 
 
 def _is_operation(name: str) -> bool:
@@ -311,14 +316,14 @@ def test_the_library_reads_no_archives_and_runs_no_programs(graph):
         f"{path}:{line}: {name} imports {target}"
         for name, path in modules.items()
         for target, line in imports_of(path, name, path.endswith("__init__.py"))
-        if _is_operation(target)
+        if _is_operation(target) and target.split(".")[0] not in OPERATIONS_ALLOWED.get(name, ())
     ]
-    assert not bad, "aadet does the tools' work (move it to tools/aadet_tools):\n" + "\n".join(bad)
+    assert not bad, "aadet does a command's work (move it to tools/, datasets/ or dev/):\n" + "\n".join(bad)
 
 
-def test_importing_the_library_loads_no_tools_code():
-    """In a fresh interpreter, ``aadet`` and every package of it: no module from ``tools/`` is
-    loaded, and all of aadet's come from this checkout."""
+def test_importing_the_library_loads_no_commands_code():
+    """In a fresh interpreter, ``aadet`` and every package of it: no module from ``tools/``,
+    ``datasets/`` or ``dev/`` is loaded, and all of aadet's come from this checkout."""
     packages = sorted(n for n, f in module_files(REPO, PACKAGE).items() if f.endswith("__init__.py"))
     code = (
         "import importlib, json, sys\n"
@@ -332,10 +337,9 @@ def test_importing_the_library_loads_no_tools_code():
     loaded = json.loads(p.stdout.strip().splitlines()[-1])
     ours = {n: f for n, f in loaded.items() if n == PACKAGE or n.startswith(PACKAGE + ".")}
     assert "aadet.engine" in ours and all(f is None or f.startswith(REPO) for f in ours.values()), ours
-    tools = os.path.join(REPO, "tools") + os.sep
-    from_tools = sorted(n for n, f in loaded.items()
-                        if n.split(".")[0] == TOOLS_PACKAGE or (f and f.startswith(tools)))
-    assert not from_tools, f"importing aadet loads the tools' code: {from_tools}"
+    folders = tuple(os.path.join(REPO, d) + os.sep for d in ("tools", "datasets", "dev"))
+    outside = sorted(n for n, f in loaded.items() if f and f.startswith(folders))
+    assert not outside, f"importing aadet loads code that is not the package's: {outside}"
 
 
 def test_operation_check_sees_through_submodules():

@@ -1,4 +1,4 @@
-"""``tools/setup_env.sh`` and ``tools/make_wheelhouse.sh``: installing aadet on a machine without a
+"""``tools/setup_env.sh`` and ``dev/make_wheelhouse.sh``: installing aadet on a machine without a
 package index, reusing the machine's own torch.
 
 The slow test does what a cluster or the lent GPU machine does, with this machine standing in:
@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import REPO
 
 SETUP = os.path.join(REPO, "tools", "setup_env.sh")
-WHEELHOUSE = os.path.join(REPO, "tools", "make_wheelhouse.sh")
+WHEELHOUSE = os.path.join(REPO, "dev", "make_wheelhouse.sh")
 
 
 def _bash(script, *args, env=None, timeout=120):
@@ -168,12 +168,12 @@ def test_install_from_a_wheelhouse_without_an_index_keeps_the_system_torch(tmp_p
 
     # 5. The demo data from the deepforest wheel in the same folder (no download).
     root = tmp_path / "data"
-    p = subprocess.run([vpy, os.path.join(REPO, "tools", "prepare_demo_data.py"), "--root", str(root),
+    p = subprocess.run([vpy, os.path.join(REPO, "datasets", "prepare_trees.py"), "--root", str(root),
                         "--wheelhouse", str(wh)], capture_output=True, text=True, timeout=300,
                        env=_offline_env(), cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(glob.glob(str(root / "trees" / "**" / "*.png"), recursive=True)) > 50
-    p = subprocess.run([mpy, os.path.join(REPO, "tools", "prepare_demo_data.py"), "--root", str(root / "x"),
+    p = subprocess.run([mpy, os.path.join(REPO, "datasets", "prepare_trees.py"), "--root", str(root / "x"),
                         "--wheelhouse", str(tmp_path)], capture_output=True, text=True, timeout=120,
                        env=_offline_env(), cwd=str(tmp_path))
     assert p.returncode == 1 and "deepforest-2.1.0-py3-none-any.whl" in p.stderr

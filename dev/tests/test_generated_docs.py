@@ -1,0 +1,114 @@
+"""The one test that reads the committed docs: every generated block equals what
+``dev/update_docs.py`` makes from the committed data today, and that data is today's.
+
+* the generated blocks (demo results, learning table, the model table counted again, README's
+  results table, BENCHMARKS' tables, the COCO cost tables) are up to date (``make docs``
+  fixes them);
+* every run summary under ``docs/runs`` was made with the config that its file and overrides
+  give today: a changed config invalidates its numbers instead of keeping them;
+* every demo config has its three seeds;
+* every threshold of the short learning trainings (``tests/engine/test_training.py``) sits below
+  each recorded correct run of its recipe (``docs/runs/learning``).
+"""
+import os
+
+import pytest
+
+from aadet_dev.demo_results import DEMOS, SEEDS, TEST, VAL, build_demo_results, entry_name, recipe_opts
+from aadet_dev.generated_docs import committed_override
+
+from tests.helpers import REPO, load_dev
+from tests.helpers.learning_runs import RUNS as LEARNING_RUNS, command
+
+RUNS = os.path.join(REPO, "docs", "runs")
+
+
+@pytest.mark.slow  # counts every config's parameters and FLOPs (minutes)
+def test_generated_docs_are_up_to_date(capsys):
+    assert load_dev("update_docs").main(["--check", "--model-table"]) == 0, capsys.readouterr().err
+
+
+def test_every_demo_config_has_its_seeds():
+    results = build_demo_results(os.path.join(RUNS, "demo"), committed_override(REPO))
+    for name in DEMOS:
+        assert name in results, f"no run of {name} under docs/runs/demo"
+        assert sorted(results[name]["seeds"]) == sorted(SEEDS), (name, results[name]["seeds"])
+        assert results[name][VAL]["n"] == results[name][TEST]["n"] == len(SEEDS), name
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_headline_table_shows_the_runs_rounded_once(name):
+    """The headline row of each demo in docs/demo_results.md against its run files themselves (not
+    the generator's output): val and test AP50 as mean (min–max) and the training minutes, each
+    rounded once from the raw numbers."""
+    import json
+
+    runs = []
+    for seed in SEEDS:
+        with open(os.path.join(RUNS, "demo", f"{name}_s{seed}.json")) as f:
+            runs.append(json.load(f))
+
+    def cell(values):
+        return f"{sum(values) / len(values):.1f}", f"({min(values):.1f}–{max(values):.1f})"
+
+    with open(os.path.join(REPO, "docs", "demo_results.md")) as f:
+        row = next(line for line in f if line.startswith(f"| `{name}` |"))
+    for split in (VAL, TEST):
+        mean, span = cell([r["metrics"][split]["AP50"] for r in runs])
+        assert f"| {mean} ±" in row and f" {span} |" in row, (split, mean, span, row)
+    # minutes: the runs whose process had the CPU to itself, 3/4 of its threads busy (the rule
+    # docs/demo_results.md states)
+    alone = [r for r in runs if r["cpu_seconds"] >= 0.75 * r["machine"]["torch_threads"] * r["train_seconds"]]
+    mean, span = cell([r["train_seconds"] / 60 for r in alone])
+    assert row.rstrip().endswith(f"| {mean} {span} |"), (mean, span, row)
+
+
+def _all_summaries():
+    from aadet.engine.run_summary import load_summaries
+
+    return [s for kind in ("demo", "learning") if os.path.isdir(os.path.join(RUNS, kind))
+            for s in load_summaries(os.path.join(RUNS, kind))]
+
+
+@pytest.mark.parametrize("summary", _all_summaries(), ids=lambda s: s["_file"])
+def test_summary_was_made_with_todays_config(summary):
+    """Resolve the summary's config file and overrides as tools/train_net.py does: the keys that
+    differ from the defaults must be the ones the run recorded."""
+    from aadet.engine import apply_epoch_schedule, get_aadet_cfg, load_config
+    from aadet.engine.run_summary import config_diff
+
+    opts = [x for kv in recipe_opts(summary.get("opts", [])) for x in kv]
+    cfg = load_config(os.path.join(REPO, summary["config_file"]), opts, freeze=False)
+    if not summary.get("eval_only"):
+        apply_epoch_schedule(cfg)
+    assert config_diff(cfg, get_aadet_cfg()) == summary["config_diff"], (
+        f"{summary['_file']}: {summary['config_file']} has changed since this run; run it again "
+        "and record it (docs/demo_results.md shows the commands)"
+    )
+
+
+# ----------------------------------------------------------------------------- learning thresholds vs the recorded runs
+#: AP50 points a threshold keeps below the worst recorded correct run.
+MARGIN = 1.0
+
+
+def _measured(name):
+    """The val AP50 of the recorded runs of ``name`` (docs/runs/learning), by seed."""
+    from aadet.engine.run_summary import load_summaries
+
+    folder = os.path.join(RUNS, "learning")
+    want = entry_name({"config_file": LEARNING_RUNS[name].config, "opts": command(name, "x")[4:]})
+    if not os.path.isdir(folder):
+        return {}
+    return {s["seed"]: s["metrics"]["trees_val"]["AP50"] for s in load_summaries(folder)
+            if entry_name(s) == want}
+
+
+@pytest.mark.parametrize("name", sorted(LEARNING_RUNS))
+def test_thresholds_sit_below_the_measured_runs(name):
+    """Each threshold is below every recorded correct run of the committed recipe (3 seeds or
+    more, docs/runs/learning) by MARGIN."""
+    correct = _measured(name)
+    assert len(correct) >= 3, (
+        f"{name}: {len(correct)} recorded correct runs (python tests/helpers/learning_runs.py)")
+    assert min(correct.values()) >= LEARNING_RUNS[name].min_ap50 + MARGIN, (name, correct)
