@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional.backends.sasa_halo import halo_local_attention_macs
+from .functional.backends.sasa_blocked import halo_local_attention_macs
 from .functional.checks import check_block_size, check_kernel_size, check_positive_int
 from .functional.dispatch import AUTO
 from .functional.local_attention import (

@@ -1,4 +1,4 @@
-"""AA's C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.logit_tables_cpp`):
+"""AA's C++ CPU kernel (``impl="cpp"``, :mod:`aadet.layers.functional.backends.aa_cpp`):
 it builds here, ``auto`` takes it on CPU, it is exact on key rows wider than one SIMD vector and
 on query counts that are not a whole number of blocks (float64 brute force and gradcheck of
 every input are in test_relative_attention.py, which lists ``cpp`` among its routes), and
@@ -9,7 +9,7 @@ import torch
 
 from aadet.layers import AugmentedConv2d
 from aadet.layers.functional import attention_with_logit_tables, relative_self_attention_2d
-from aadet.layers.functional.backends import logit_tables_cpp
+from aadet.layers.functional.backends import aa_cpp
 from aadet.layers.functional.logit_tables import auto_logit_table_impl
 from aadet.layers.functional.reference import relative_self_attention_2d_reference as brute_force
 
@@ -31,7 +31,7 @@ def _grads(fn, ins, cot):
 
 def test_the_kernel_builds_on_this_machine():
     # CI machines have g++ and ninja: a kernel that stops compiling must fail here, not fall back.
-    assert logit_tables_cpp.available(), logit_tables_cpp.KERNEL.build_error()
+    assert aa_cpp.available(), aa_cpp.KERNEL.build_error()
 
 
 def test_auto_takes_the_kernel_on_cpu_and_materialized_for_float64():
@@ -45,7 +45,7 @@ def probabilities(request, monkeypatch):
     """Both ways backward gets the probabilities: kept from forward (the default at these sizes)
     or recomputed from the log-sum-exp (a cap of 0 bytes)."""
     if request.param == "recomputed":
-        monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", 0)
+        monkeypatch.setattr(aa_cpp, "KEEP_PROBABILITIES_MAX_BYTES", 0)
     return request.param
 
 
@@ -86,11 +86,11 @@ def test_probabilities_are_kept_only_for_a_backward_and_where_they_fit(monkeypat
     q, k, v, rh, rw = _inputs(5, 7)  # N = 2 x 3 slices, L = 35 queries, keys padded to 5 x 8
     size = 6 * 35 * 40 * 4
     assert _kept_bytes(relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")) == size
-    monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size - 1)
+    monkeypatch.setattr(aa_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size - 1)
     assert _kept_bytes(relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")) == 0
-    monkeypatch.setattr(logit_tables_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size)
+    monkeypatch.setattr(aa_cpp, "KEEP_PROBABILITIES_MAX_BYTES", size)
     # no backward follows: inference, or inputs that need no gradient
-    ext, keeps = logit_tables_cpp.KERNEL.extension("cpp"), []
+    ext, keeps = aa_cpp.KERNEL.extension("cpp"), []
 
     class Spy:
         def __getattr__(self, name):
@@ -100,7 +100,7 @@ def test_probabilities_are_kept_only_for_a_backward_and_where_they_fit(monkeypat
             keeps.append(args[-1])
             return ext.forward(*args)
 
-    monkeypatch.setattr(logit_tables_cpp.KERNEL, "extension", lambda impl: Spy())
+    monkeypatch.setattr(aa_cpp.KERNEL, "extension", lambda impl: Spy())
     with torch.no_grad():
         relative_self_attention_2d(q, k, v, rh, rw, impl="cpp")
     relative_self_attention_2d(*(t.detach() for t in (q, k, v, rh, rw)), impl="cpp")

@@ -1,6 +1,6 @@
 """Exactness of AA's attention kernels that add the 2D relative logit tables without widening the
-head: the Triton flash-attention kernel (``backends/logit_tables_triton``) and the
-``flex_attention`` route (``backends/logit_tables_flex``).
+head: the Triton flash-attention kernel (``backends/aa_triton``) and the
+``flex_attention`` route (``backends/aa_flex``).
 
 References (float64):
   * ``reference``: ``softmax(q k^T + T_row[:, j // W] + T_col[:, j % W]) v`` written out;
@@ -24,12 +24,12 @@ import pytest
 import torch
 
 from aadet.layers.augmented_conv import AugmentedConv2d
-from aadet.layers.functional.backends import logit_tables_triton
-from aadet.layers.functional.backends.logit_tables_flex import (
+from aadet.layers.functional.backends import aa_triton
+from aadet.layers.functional.backends.aa_flex import (
     flex_attention_with_logit_tables,
     flex_attention_with_row_col_tables,
 )
-from aadet.layers.functional.backends.logit_tables_triton import (
+from aadet.layers.functional.backends.aa_triton import (
     TRITON_AVAILABLE,
     TRITON_INTERPRETED,
     triton_attention_with_logit_tables,
@@ -428,12 +428,12 @@ def _aa_layer_launches(spec, precision, size):
             out = layer(x)
         out.float().sum().backward()
 
-    saved = logit_tables_triton._check_runnable  # the launch without its "CUDA tensors" check
-    logit_tables_triton._check_runnable = lambda q: None
+    saved = aa_triton._check_runnable  # the launch without its "CUDA tensors" check
+    aa_triton._check_runnable = lambda q: None
     try:
-        return triton_aot.run_recorded(logit_tables_triton._KERNELS, AA_KERNELS, run)
+        return triton_aot.run_recorded(aa_triton._KERNELS, AA_KERNELS, run)
     finally:
-        logit_tables_triton._check_runnable = saved
+        aa_triton._check_runnable = saved
 
 
 def _tiles(launches):
@@ -456,7 +456,7 @@ def test_kernels_compile_for_an_h100_without_a_gpu(config_aa_layers, precision):
             assert {launch.kernel.__name__ for launch in got} == {"_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"}
             launches += got
         if spec[3]:  # relative: the key tile follows the map's rows (BLOCK_W = W rounded up)
-            tiles |= {min(1 << (w - 1).bit_length(), logit_tables_triton.MAX_BLOCK_W) for w in widths}
+            tiles |= {min(1 << (w - 1).bit_length(), aa_triton.MAX_BLOCK_W) for w in widths}
     assert {bw for _, bw in _tiles(launches)} >= tiles
     dtype = "*bf16" if precision == "bf16" else "*fp32"
     for launch in launches:
@@ -473,7 +473,7 @@ def test_every_tile_the_launch_code_makes_compiles_for_an_h100(config_aa_layers,
     # Any image size: every key tile the launch code can choose (ROWS x BLOCK_W whole rows, up to
     # MAX_BLOCK_W columns), with and without the relative tables, and single-row / single-column
     # maps (Triton folds an integer argument equal to 1 into a constant).
-    lt = logit_tables_triton
+    lt = aa_triton
     widths = {}  # tile (ROWS, BLOCK_W) of the launch code's plan -> the narrowest map that gets it
     for w in range(1, 2 * lt.MAX_BLOCK_W + 1):
         plan = lt._Plan(1, 2, w, 8, 8, lt.BLOCK_M, lt.BLOCK_N, lt.MAX_BLOCK_W)

@@ -28,7 +28,7 @@ _SCRIPTS = {
         route = auto(q)
         fn = lambda impl: relative_self_attention_2d(q, q, q, rh, rw, impl=impl)
     """),
-    "halo": ("bmm", """
+    "halonet": ("bmm", """
         from aadet.layers.functional import halo_attention_2d
         from aadet.layers.functional.halo_attention import auto_halo_attention_impl as auto
         q, rh, rw = torch.randn(1, 2, 5, 6, 4), torch.randn(5, 2), torch.randn(5, 2)

@@ -14,7 +14,7 @@ from aadet.layers.functional import (
     halo_attention_probs_2d,
     local_self_attention_2d,
 )
-from aadet.layers.functional.backends import halo_cpp
+from aadet.layers.functional.backends import halonet_cpp
 from aadet.layers.functional.halo_attention import auto_halo_attention_impl
 from aadet.layers.functional.reference import halo_attention_2d_reference as brute_force
 
@@ -271,7 +271,7 @@ def test_impls_come_from_the_registry():
 
 def test_auto_picks_cpp_on_cpu_and_materialized_while_tracing():
     q, k, v, rh, rw = _inputs(1, 1, 5, 5, 4, 4, 2, 1, dtype=torch.float32)
-    assert auto_halo_attention_impl(q) == ("cpp" if halo_cpp.available() else "bmm")
+    assert auto_halo_attention_impl(q) == ("cpp" if halonet_cpp.available() else "bmm")
     seen = []
 
     def fn(q):

@@ -17,7 +17,7 @@ import torch
 
 from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
-from aadet.layers.functional.backends import logit_tables_cpp, stem_cpp
+from aadet.layers.functional.backends import aa_cpp, stem_cpp
 
 from tests.helpers.broken_attention import MUTATIONS, break_attention
 from tests.layers.test_attention_stem import reference_stem
@@ -55,8 +55,8 @@ BROKEN_MIN = 1e-3  # every broken module is at least this far from its reference
 def _max_error(kind):
     if kind.startswith("stem_cpp") and not stem_cpp.KERNEL.available():
         pytest.skip(f"the stem's C++ kernel is unavailable: {stem_cpp.KERNEL.build_error()}")
-    if kind == "aa_cpp" and not logit_tables_cpp.KERNEL.available():
-        pytest.skip(f"AA's C++ kernel is unavailable: {logit_tables_cpp.KERNEL.build_error()}")
+    if kind == "aa_cpp" and not aa_cpp.KERNEL.available():
+        pytest.skip(f"AA's C++ kernel is unavailable: {aa_cpp.KERNEL.build_error()}")
     make, reference = MODULES[kind]
     torch.manual_seed(0)
     module = make().double()

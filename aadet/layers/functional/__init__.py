@@ -18,7 +18,6 @@ implementation is tested (float64-exact) and benchmarked against.
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
   :func:`halo_attention_probs_2d` (HaloNet),
-  :func:`halo_attention_probs_2d` (HaloNet),
   :func:`relative_attention_weights_2d` (AA, selected queries), :func:`block_attention_probs`
   (stem).
 
@@ -39,14 +38,15 @@ arrive checked), then add to ``LOCAL_ATTENTION_BACKENDS`` in ``local_attention.p
                                                                                 # for block_size=
 
 For an AA / logit-table route, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` (shapes
-of :func:`attention_with_logit_tables`) in ``backends/logit_tables_<name>.py`` and one entry in
-``LOGIT_TABLE_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config, and
+of :func:`attention_with_logit_tables`) in ``backends/aa_<name>.py`` and one entry in
+``LOGIT_TABLE_BACKENDS``; for HaloNet, ``backends/halonet_<name>.py`` and one entry in
+``HALO_ATTENTION_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config, and
 the export check if ``exports=True``); make ``auto_*_impl`` pick it where it should be the
 default; the tests compare every registered route with :mod:`.reference`. A backend that needs an
 optional package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import
 aadet`` neither imports it nor needs the package.
 """
-from .backends.sasa_halo import MASK_VALUE  # noqa: F401
+from .backends.sasa_blocked import MASK_VALUE  # noqa: F401
 from .blocks import (  # noqa: F401
     add_block_relative_logits,
     block_attention,

@@ -36,7 +36,7 @@ class Route(NamedTuple):
         exports: it traces into plain tensor ops (TorchScript, ONNX opset 17), so a model whose
             config names it can be exported (:mod:`aadet.export`).
         cuda: it runs on CUDA tensors (the C++ CPU kernels do not).
-        blocked: it tiles queries and takes the ``block_size`` keyword (SASA's halo routes).
+        blocked: it tiles queries and takes the ``block_size`` keyword (SASA's blocked routes).
         recompute: it takes the ``recompute`` keyword and, given True, keeps no attention
             weights for backward but recomputes them there (SASA's C++ kernel; Triton's kernels,
             which always do, drop the keyword).

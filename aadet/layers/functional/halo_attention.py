@@ -27,7 +27,7 @@ the window of the block holding that pixel, keys and values at full resolution; 
 
 :func:`halo_attention_2d` checks its arguments once (:mod:`.checks`) and dispatches on ``impl``
 through :data:`HALO_ATTENTION_BACKENDS`, one implementation per file under ``backends/`` (the
-PyTorch ones on the block layout of :mod:`.backends.halo_blocks`), all exact (tested against
+PyTorch ones on the block layout of :mod:`.backends.halonet_blocks`), all exact (tested against
 :func:`~aadet.layers.functional.reference.halo_attention_2d_reference`); ``"auto"`` is
 :func:`auto_halo_attention_impl`. A layer that checked its constant arguments when it was built
 calls :func:`halo_attention_2d_unchecked` in its forward.
@@ -42,12 +42,12 @@ from typing import Optional
 
 import torch
 
-from .backends import halo_cpp
-from .backends.halo_blocks import halo_geometry, pad_window
-from .backends.halo_bmm import bmm_halo_attention
-from .backends.halo_cpp import cpp_halo_attention
-from .backends.halo_materialized import halo_logits, materialized_halo_attention
-from .backends.halo_sdpa import sdpa_halo_attention
+from .backends import halonet_cpp
+from .backends.halonet_blocks import halo_geometry, pad_window
+from .backends.halonet_bmm import bmm_halo_attention
+from .backends.halonet_cpp import cpp_halo_attention
+from .backends.halonet_materialized import halo_logits, materialized_halo_attention
+from .backends.halonet_sdpa import sdpa_halo_attention
 from .checks import check_halo_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting
 
@@ -69,25 +69,25 @@ HALO_ATTENTION_BACKENDS = RouteRegistry("HaloNet blocked attention", {
         cpp_halo_attention,
         "a C++ kernel, block by block in cache with BLAS gemms, the logits recomputed in backward "
         "from a saved log-sum-exp (keeps only ``q, k, v``, the output and one value per query); "
-        "CPU tensors, compiled on first use (:mod:`.backends.halo_cpp`)",
+        "CPU tensors, compiled on first use (:mod:`.backends.halonet_cpp`)",
         cuda=False,
     ),
     "bmm": Route(
         bmm_halo_attention,
         "batched matmuls over all blocks with a hand-written backward on channels-first maps "
-        "(stores the ``(b + 2h)^2`` probabilities of every query); pure PyTorch, the CPU fallback "
-        "where the C++ kernel does not build (:mod:`.backends.halo_bmm`)",
+        "(stores the ``(b + 2h)^2`` probabilities of every query); pure PyTorch "
+        "(:mod:`.backends.halonet_bmm`)",
     ),
     "materialized": Route(
         materialized_halo_attention,
         "per block, batched matmuls and an explicit float32 softmax left to autograd; plain "
-        "tensor ops, so it exports (:mod:`.backends.halo_materialized`)",
+        "tensor ops, so it exports (:mod:`.backends.halonet_materialized`)",
         exports=True,
     ),
     "fused": Route(
         sdpa_halo_attention,
         "one fused SDPA over all blocks, the position tables and the border mask as its additive "
-        "float bias (:mod:`.backends.halo_sdpa`)",
+        "float bias (:mod:`.backends.halonet_sdpa`)",
     ),
 })
 __doc__ += HALO_ATTENTION_BACKENDS.describe() + "\n"
@@ -95,21 +95,14 @@ __doc__ += HALO_ATTENTION_BACKENDS.describe() + "\n"
 
 def auto_halo_attention_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
-    (plain tensor ops only), ``"fused"`` on CUDA, on CPU the C++ kernel ``"cpp"`` where it builds,
-    else ``"bmm"``.
-
-    The CPU order rests on one short measurement, not a benchmark: fwd+bwd of 8 heads, d = dv =
-    32, 40 x 40, b = 8, h = 3, one thread: cpp 65-70 ms, bmm 72-88 ms, materialized 103 ms (best
-    of 5, on a 2-core CPU shared with a training run); the C++ kernel also keeps the least for
-    backward. The CUDA choice is not measured (no GPU run of these routes yet): ``"fused"`` is
-    the one route that runs every block in one fused kernel, SASA's CUDA default by the same
-    rule; ``tests/layers/test_cuda.py`` and ``test_halo_attention.py`` (``-m cuda``) check its
-    numbers on a GPU."""
+    (plain tensor ops only), ``"fused"`` on CUDA (the one route that runs every block in one
+    fused kernel), on CPU the C++ kernel ``"cpp"`` where it builds (the fastest CPU route, and
+    the one that keeps the least for backward), else ``"bmm"`` (with one warning saying why)."""
     if is_exporting():
         return "materialized"
     if q.device.type == "cuda":
         return "fused"
-    if q.device.type == "cpu" and halo_cpp.available():
+    if q.device.type == "cpu" and halonet_cpp.available():
         return "cpp"
     return "bmm"
 

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from .backends import sasa_cpp
 from .backends.sasa_cpp import cpp_local_attention
-from .backends.sasa_halo import halo_local_attention_fused, halo_local_attention_materialized
+from .backends.sasa_blocked import halo_local_attention_fused, halo_local_attention_materialized
 from .backends.sasa_neighborhood import neighborhood_local_attention
 from .checks import ErrorFactory, argument_error, check_block_size, check_bool, check_local_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
@@ -80,8 +80,7 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
     "neighborhood": Route(
         neighborhood_local_attention,
         "window offsets one at a time, with its own backward; stores only the ``k^2`` attention "
-        "weights per pixel; pure PyTorch, the CPU fallback where the C++ kernel does not build "
-        "(:mod:`.backends.sasa_neighborhood`)",
+        "weights per pixel; pure PyTorch (:mod:`.backends.sasa_neighborhood`)",
     ),
     "cpp": Route(
         cpp_local_attention,
@@ -95,13 +94,13 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
     "fused": Route(
         halo_local_attention_fused,
         "blocked with halos, the logits' position and mask terms as query-side tables added "
-        "inside fused SDPA; never stores the attention matrix (:mod:`.backends.sasa_halo`)",
+        "inside fused SDPA; never stores the attention matrix (:mod:`.backends.sasa_blocked`)",
         blocked=True,
     ),
     "materialized": Route(
         halo_local_attention_materialized,
         "blocked with halos, explicit float32 softmax; plain tensor ops, so it exports "
-        "(:mod:`.backends.sasa_halo`)",
+        "(:mod:`.backends.sasa_blocked`)",
         exports=True,
         blocked=True,
     ),

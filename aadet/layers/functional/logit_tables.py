@@ -7,12 +7,12 @@ Both papers' relative logits factor into per-query tables indexed by a key coord
 AA (global): g in {row, column}, ``T_row[i, y'] = q_i . rel_h[y' - y_i + H - 1]``, ``idx_row[j] = y'_j``.
 SASA (blocked local): the same over the rows/columns of a halo window, with out-of-window and
 out-of-map entries of the tables set to a large negative number (that is the mask:
-:data:`~.backends.sasa_halo.MASK_VALUE`).
+:data:`~.backends.sasa_blocked.MASK_VALUE`).
 
 :func:`attention_with_logit_tables` checks its arguments once (:mod:`.checks`) and dispatches on
 ``impl`` through :data:`LOGIT_TABLE_BACKENDS`, one exact implementation per file under
 ``backends/``; ``"auto"`` is :func:`auto_logit_table_impl`. The other public functions built on
-these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`, SASA's halo route)
+these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`, SASA's blocked routes)
 call :func:`logit_table_backend` / the route functions directly, on arguments they have checked.
 All keep logits and softmax in float32 under autocast.
 
@@ -23,10 +23,10 @@ from typing import Callable, List
 
 import torch
 
-from .backends import logit_tables_cpp
-from .backends.logit_tables_cpp import cpp_attention_with_logit_tables
-from .backends.logit_tables_materialized import materialized_attention_with_logit_tables
-from .backends.logit_tables_sdpa import sdpa_attention_with_logit_tables
+from .backends import aa_cpp
+from .backends.aa_cpp import cpp_attention_with_logit_tables
+from .backends.aa_materialized import materialized_attention_with_logit_tables
+from .backends.aa_sdpa import sdpa_attention_with_logit_tables
 from .checks import check_logit_tables, check_query_chunk
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 
@@ -46,34 +46,34 @@ LOGIT_TABLE_BACKENDS = RouteRegistry("attention with logit tables", {
         sdpa_attention_with_logit_tables,
         "the augmented dot product (tables appended to ``q``, one-hot indicators of ``idx_g[j]`` "
         "to ``k``) through fused SDPA, which never stores the ``[N, Lq, Lk]`` attention matrix; "
-        "costs ``sum_g M_g`` extra head dims (:mod:`.backends.logit_tables_sdpa`)",
+        "costs ``sum_g M_g`` extra head dims (:mod:`.backends.aa_sdpa`)",
     ),
     "materialized": Route(
         materialized_attention_with_logit_tables,
         "logits, float32 softmax and the weighted sum written out over chunks of queries "
         "(``query_chunk``), recomputed in backward; plain tensor ops, so it exports "
-        "(:mod:`.backends.logit_tables_materialized`)",
+        "(:mod:`.backends.aa_materialized`)",
         exports=True,
     ),
     "triton": Route(
         lazy_backend(
-            "backends.logit_tables_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)
+            "backends.aa_triton", "triton_attention_with_logit_tables", drop=("query_chunk",)
         ),
         "flash attention with AA's row/column tables added in the kernel (no head widening); "
-        "CUDA, or CPU under Triton's interpreter (:mod:`.backends.logit_tables_triton`)",
+        "CUDA, or CPU under Triton's interpreter (:mod:`.backends.aa_triton`)",
     ),
     "flex": Route(
         lazy_backend(
-            "backends.logit_tables_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)
+            "backends.aa_flex", "flex_attention_with_logit_tables", drop=("query_chunk",)
         ),
         "``flex_attention`` with the tables in its ``score_mod``; backward on CUDA only "
-        "(:mod:`.backends.logit_tables_flex`)",
+        "(:mod:`.backends.aa_flex`)",
     ),
     "cpp": Route(
         cpp_attention_with_logit_tables,
         "a C++ kernel with AA's row/column tables added inside the softmax (no head widening); "
         "CPU tensors, 2D row/column tables only, compiled on first use "
-        "(:mod:`.backends.logit_tables_cpp`)",
+        "(:mod:`.backends.aa_cpp`)",
         cuda=False,
     ),
 })
@@ -87,7 +87,7 @@ def auto_logit_table_impl(q: torch.Tensor) -> str:
     else ``"fused"`` (SDPA; on CPU with one warning where the kernel did not build)."""
     if q.dtype == torch.float64 or is_exporting():
         return "materialized"
-    if q.device.type == "cpu" and logit_tables_cpp.available():
+    if q.device.type == "cpu" and aa_cpp.available():
         return "cpp"
     return "fused"
 

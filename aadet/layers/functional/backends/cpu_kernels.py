@@ -1,5 +1,5 @@
 """Building the C++ CPU kernels under ``csrc/`` (SASA's :mod:`.sasa_cpp`, AA's
-:mod:`.logit_tables_cpp`, HaloNet's :mod:`.halo_cpp`, the SASA attention stem's :mod:`.stem_cpp`):
+:mod:`.aa_cpp`, HaloNet's :mod:`.halonet_cpp`, the SASA attention stem's :mod:`.stem_cpp`):
 compiled on first use, cached, and a clean fallback where they cannot be.
 
 Each kernel is one source file (plus the shared header ``csrc/cpu_simd.h``) compiled by
@@ -125,13 +125,13 @@ class CppKernel:
         return ext
 
 
-#: Every C++ kernel: SASA's (:mod:`.sasa_cpp`), AA's (:mod:`.logit_tables_cpp`), HaloNet's
-#: (:mod:`.halo_cpp`), the SASA attention stem's (:mod:`.stem_cpp`; its fallback is the route
+#: Every C++ kernel: SASA's (:mod:`.sasa_cpp`), AA's (:mod:`.aa_cpp`), HaloNet's
+#: (:mod:`.halonet_cpp`), the SASA attention stem's (:mod:`.stem_cpp`; its fallback is the route
 #: ``impl="auto"`` takes without it for an RGB stem).
 KERNELS: Dict[str, CppKernel] = {
     "sasa": CppKernel("sasa_cpu.cpp", "SASA C++ kernel", fallback="neighborhood"),
     "aa": CppKernel("aa_cpu.cpp", "AA C++ kernel", fallback="fused"),
-    "halo": CppKernel("halo_cpu.cpp", "HaloNet C++ kernel", fallback="bmm"),
+    "halonet": CppKernel("halonet_cpu.cpp", "HaloNet C++ kernel", fallback="bmm"),
     "stem": CppKernel("stem_cpu.cpp", "SASA attention stem C++ kernel", fallback="factorized"),
 }
 

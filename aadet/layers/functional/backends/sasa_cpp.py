@@ -1,5 +1,5 @@
 """SASA local attention in a C++ kernel, one pass over the window per query row: the ``"cpp"``
-route (the CPU default where the kernel builds).
+route (CPU tensors, ``kernel_size`` up to :data:`MAX_KERNEL_SIZE`).
 
 Computes :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3,
 windows clipped to the map) with the kernels of ``csrc/sasa_cpu.cpp``:
@@ -17,29 +17,24 @@ windows clipped to the map) with the kernels of ``csrc/sasa_cpu.cpp``:
 
 ``recompute=True`` (the layer's ``recompute_attention``, ``MODEL.SASA.RECOMPUTE_ATTENTION``)
 keeps nothing of size ``k^2`` per pixel for backward, flash attention's trick as in HaloNet's
-kernel (:mod:`.halo_cpp`): forward saves ``q, k, v`` as given (the projections' output: no
+kernel (:mod:`.halonet_cpp`): forward saves ``q, k, v`` as given (the projections' output: no
 padded copies; the passes read them through a few padded rows per thread) and one log-sum-exp
 per query and head; backward visits the query rows in order, recomputes each row's logits,
 ``p = exp(logits - lse)`` and ``dL/dlogits = p (dL/dp - rowsum(p dL/dp))``, writes its ``dL/dq``
 and the row/column sums the embeddings' gradients need, and keeps the last ``k`` rows' ``p`` and
 ``dL/dlogits`` for the key rows' ``dL/dk``, ``dL/dv``. It trades the ``[N, k^2, H, W]``
-probabilities and logit gradients and the padded copies (at 80x80, 256 channels, k 7: the
-layer's peak training memory about a quarter lower) for a second computation of the logits and
-``dL/dp`` in backward (``tools/benchmark_layers.py --suite sasa`` measures both modes).
+probabilities and logit gradients and the padded copies for a second computation of the logits
+and ``dL/dp`` in backward.
 
 Every loop runs along a row of the channels-first maps in SIMD vectors, with the window's offsets
 (or a block of channels) accumulated in registers; rows run in parallel on PyTorch's intra-op
-threads. On this project's CPU the layer's training step (256 channels, k 7) takes less time than a
-3x3 convolution's, and the neighborhood route's over twice it (figures in BENCHMARKS.md). Arithmetic in
-float32 (exp: a vectorized polynomial, relative error ~1e-7), or float64 for float64 inputs (the
-exactness tests), output in ``v``'s dtype, as the neighborhood route.
+threads. Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7), or float64
+for float64 inputs (the exactness tests), output in ``v``'s dtype, as the neighborhood route.
 
 The kernel is compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it
 once). Where it cannot be built (no compiler, ``AADET_CPP_KERNELS=0``), :func:`available` is
-False, ``impl="auto"`` keeps the neighborhood route with one warning, and ``impl="cpp"`` raises
-with the build error. The
-custom function does not export: under tracing or ONNX export ``impl="auto"`` takes the
-materialized halo route (:mod:`~aadet.layers.functional.dispatch`).
+False and ``impl="cpp"`` raises with the build error. A custom autograd Function: it does not
+export.
 """
 from typing import Optional
 

@@ -1,5 +1,4 @@
-"""SASA local attention offset by offset: the ``"neighborhood"`` route (pure PyTorch; the CPU
-route where the C++ kernel of :mod:`.sasa_cpp` does not build).
+"""SASA local attention offset by offset: the ``"neighborhood"`` route (pure PyTorch).
 
 Computes :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3,
 windows clipped to the map) with the ``k^2`` window offsets one at a time, as shifted views of
@@ -13,12 +12,9 @@ intermediate is the attention matrix itself, ``[N, k^2, H, W]`` (what any exact 
 49 floats per pixel and head for ``k = 7``); keys and values are never copied ``k^2`` times.
 Logits and softmax are float32 (float64 for float64 inputs). Work equals the papers' count
 (``2 k^2 dk`` per pixel and head) with no halo overhead, but in ``4 k^2`` memory-bound
-elementwise passes over the maps: on CPU over twice a 3x3 convolution's time where the C++ kernel
-takes less than it (figures in BENCHMARKS.md).
+elementwise passes over the maps.
 
-The custom function (and its in-place ``out=`` kernels) does not export: under tracing or ONNX
-export ``impl="auto"`` takes the materialized halo route instead
-(:mod:`~aadet.layers.functional.dispatch`).
+The custom function (and its in-place ``out=`` kernels) does not export.
 """
 from typing import Optional
 

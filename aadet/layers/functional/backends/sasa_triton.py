@@ -57,7 +57,7 @@ the gradients themselves. Work per pixel and head: forward ``k^2 (dk + 2 dv)`` m
 recomputed in both passes). The kernels are gathers (``k^2`` key/value rows per query, mostly
 cache hits between neighbouring queries), not matmuls. Default tiles: 4 ``[BLOCK_P, d_pad]``
 elements per thread at 4 warps (ptxas for sm_90: 105-130 registers, no spills for d_pad 16-64;
-8 per thread spill). Not yet timed on a GPU.
+8 per thread spill).
 """
 from typing import Optional
 

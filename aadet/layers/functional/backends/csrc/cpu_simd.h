@@ -1,4 +1,4 @@
-// What the CPU kernels share (sasa_cpu.cpp, aa_cpu.cpp, halo_cpu.cpp): the flush of denormals
+// What the CPU kernels share (sasa_cpu.cpp, aa_cpu.cpp, halonet_cpu.cpp): the flush of denormals
 // while a kernel runs, fixed-width SIMD vectors through GCC's vector extensions, and a vectorized
 // exp.
 #pragma once
@@ -30,7 +30,7 @@ class FlushDenormals {
 constexpr int kVecBytes = 32;
 
 // The widest vector the CPU computes in one instruction: 64 bytes (16 floats) with AVX-512, else
-// 32 (AVX2). The kernels whose passes run across a block's queries (stem_cpu.cpp, halo_cpu.cpp)
+// 32 (AVX2). The kernels whose passes run across a block's queries (stem_cpu.cpp, halonet_cpu.cpp)
 // take it: on a CPU without AVX-512, GCC does not just split a 64-byte vector in two but lowers
 // parts of it (comparisons, conversions: the exp) lane by lane, which made the attention stem's
 // kernel 4x slower on an AVX2 machine than with 32-byte vectors.

@@ -23,7 +23,7 @@
 // Everything of a block is in small per-thread buffers, query-indexed arrays channel-major with
 // the block's Pv queries padded to Ps, a whole number of SIMD vectors (kBytes wide; zeros: their
 // logits are finite and they are never written out), so that every pass is a vector operation
-// across the queries (the layout of halo_cpu.cpp):
+// across the queries (the layout of halonet_cpu.cpp):
 //
 //   X [C, Ps] (the block's input), VT [Pv, O] (its values v_l = W_V(l) x_l),
 //   per head QF, KF [e, Ps], TR, TC [2b - 1, Ps] (the tables: TR[t, p] = tr[h, t] . qf_p[:er]),

@@ -1,8 +1,7 @@
-"""HaloNet attention in a C++ kernel, block by block in cache: the ``"cpp"`` route (the CPU default
-where the kernel builds).
+"""HaloNet attention in a C++ kernel, block by block in cache: the ``"cpp"`` route (CPU tensors).
 
 Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` with
-``csrc/halo_cpu.cpp``: per block, the queries, the keys and values of its window (clipped to the
+``csrc/halonet_cpu.cpp``: per block, the queries, the keys and values of its window (clipped to the
 map: keys outside it are never scored) are copied into a small buffer, and the logits ``K Q^T``
 plus the position terms, the softmax and ``P V`` are computed there with BLAS gemm's and
 vectorized passes across the block's queries, so the ``(b + 2h)^2`` logits of a query never reach
@@ -19,9 +18,8 @@ polynomial, relative error ~1e-7) with autocast off, or float64 for float64 inpu
 tests); output in ``v``'s dtype.
 
 Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
-cannot be built, :func:`available` is False, ``impl="auto"`` takes ``"bmm"`` (one warning) and
-``impl="cpp"`` raises with the build error. A custom autograd Function does not export: under
-tracing/export ``impl="auto"`` takes ``"materialized"``.
+cannot be built, :func:`available` is False and ``impl="cpp"`` raises with the build error. A
+custom autograd Function: it does not export.
 """
 from typing import Optional
 
@@ -32,7 +30,7 @@ from .cpu_kernels import KERNELS
 __all__ = ["KERNEL", "available", "build", "build_error", "cpp_halo_attention"]
 
 #: The kernel (built on first use: :mod:`.cpu_kernels`).
-KERNEL = KERNELS["halo"]
+KERNEL = KERNELS["halonet"]
 
 
 def build(verbose: bool = False):
@@ -91,7 +89,7 @@ class _HaloCpp(torch.autograd.Function):
 
 def cpp_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
     """HaloNet attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
-    shaped as for :func:`~.halo_materialized.materialized_halo_attention`."""
+    shaped as for :func:`~.halonet_materialized.materialized_halo_attention`."""
     if q.device.type != "cpu":
         raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
     b, nh, ho, wo, _ = q.shape

@@ -1,4 +1,6 @@
-"""Attention with logit tables as one augmented dot product through SDPA: the ``"fused"`` route.
+"""AA's global relative attention as one augmented dot product through SDPA: the ``"fused"``
+route of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`, which SASA's blocked
+``"fused"`` route (:mod:`.sasa_blocked`) also calls.
 
 Computes :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`,
 ``softmax(q . k + sum_g T_g[..., i, idx_g[j]]) v``, by appending the tables to ``q`` and one-hot
@@ -7,7 +9,7 @@ and the whole logit is one dot product, so
 :func:`torch.nn.functional.scaled_dot_product_attention` runs it with a fused kernel (flash /
 memory-efficient on CUDA, flash on CPU) that never stores the ``[N, Lq, Lk]`` attention matrix.
 Costs ``sum_g M_g`` extra head dims. SDPA's kernels keep logits and softmax in float32 under
-autocast. The route ``"auto"`` takes, except for float64 and while tracing/exporting.
+autocast.
 """
 import torch
 import torch.nn.functional as F

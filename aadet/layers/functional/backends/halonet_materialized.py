@@ -1,7 +1,7 @@
-"""HaloNet attention with its logits written out: the ``"materialized"`` route (the CPU default).
+"""HaloNet attention with its logits written out: the ``"materialized"`` route.
 
 Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` on the block layout
-of :mod:`.halo_blocks`: per block one batched matmul for the content logits ``qb kb^T [N, nblk,
+of :mod:`.halonet_blocks`: per block one batched matmul for the content logits ``qb kb^T [N, nblk,
 Pq, L]``, the row and column position tables added by broadcasting over the ``Uh x Uw`` window,
 the keys outside the map set to ``-inf``, a softmax over the window and one batched matmul with
 the values. Blocked attention is dense within a block, so these are ``Pq x d x L`` matmuls that
@@ -9,12 +9,12 @@ BLAS runs near full rate; autograd differentiates them (saving the block copies 
 output, ``N nblk Pq L`` values: ``(b + 2h)^2`` per query).
 
 Arithmetic in float32 with autocast off, or float64 for float64 inputs; output in ``v``'s dtype.
-Plain differentiable tensor ops only (the windows gathered by index while exporting), so it is
-also the route ``impl="auto"`` takes under tracing and ONNX export.
+Plain differentiable tensor ops only (the windows gathered by index while exporting), so it
+exports.
 """
 import torch
 
-from .halo_blocks import (
+from .halonet_blocks import (
     HaloGeometry,
     halo_geometry,
     halo_key_validity,

@@ -1,9 +1,12 @@
-"""SASA local attention blocked with halos: the ``"fused"`` (CUDA default) and ``"materialized"``
-(export) routes.
+"""SASA local attention computed in query blocks with haloed windows: SASA's ``"fused"`` and
+``"materialized"`` routes (:data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS`,
+``blocked=True``).
 
-Computes :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3,
-windows clipped to the map) as blocked attention with halos, as in the paper's TPU
-implementation and timm's ``HaloAttn``, but exact at the borders and for any size:
+This is SASA's attention, not HaloNet's: every query still attends to its own centred ``k x k``
+window (keys further than ``r`` are masked), and the blocks only tile the work. It computes
+:func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (SASA Eq. 3, windows
+clipped to the map) as the paper's TPU implementation and timm's ``HaloAttn`` do, but exact at
+the borders and for any size:
 
 1. pad the map to multiples of a block ``bh x bw`` (``min(block_size, H or W)``); queries are
    the ``bh * bw`` pixels of a block; keys/values the ``(bh + 2r) x (bw + 2r)`` window around it
@@ -12,13 +15,10 @@ implementation and timm's ``HaloAttn``, but exact at the borders and for any siz
    columns): ``T_row[i, u] = q_i[:dk//2] . rel_h[u - row(i)]`` when key row ``u`` is within
    ``r`` of the query's row *and* inside the map, ``MASK_VALUE`` otherwise (same for columns);
    the logit of key ``(u, u')`` is ``q.k + T_row[i, u] + T_col[i, u']``;
-3. a route of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`, called
-   directly, adds the tables: inside a fused SDPA kernel (``"fused"``,
-   :mod:`.logit_tables_sdpa`; on CUDA one fused kernel per layer should beat the neighborhood
-   route's ``2 k^2`` elementwise launches -- not yet measured on a GPU:
-   ``tools/benchmark_layers.py --device cuda``) or an explicit float32 softmax
-   (``"materialized"``, :mod:`.logit_tables_materialized`: plain tensor ops only, the route
-   ``impl="auto"`` takes under tracing and ONNX export);
+3. one of AA's logit-table routes, called directly, adds the tables: inside a fused SDPA kernel
+   (``"fused"``, :mod:`.aa_sdpa`: one kernel per layer, never the attention matrix) or an
+   explicit float32 softmax (``"materialized"``, :mod:`.aa_materialized`: plain tensor ops only,
+   so it exports);
 4. padded query positions are dropped.
 
 Every query's own position is always unmasked (padded queries too), so no softmax row is
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import is_exporting
-from .logit_tables_materialized import materialized_attention_with_logit_tables
-from .logit_tables_sdpa import sdpa_attention_with_logit_tables
+from .aa_materialized import materialized_attention_with_logit_tables
+from .aa_sdpa import sdpa_attention_with_logit_tables
 
 __all__ = [
     "MASK_VALUE",
@@ -205,8 +205,8 @@ def halo_local_attention(
     ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk -
     dk//2]`` (or both None) -> ``[B, Nh, H, W, dv]``. ``block_size``: the query tile side (capped
     at ``H`` / ``W``; any value gives the same result); ``attend``: the logit-table route
-    ``attend(q, k, v, tables, key_index) -> out`` (:mod:`.logit_tables_sdpa` or
-    :mod:`.logit_tables_materialized`).
+    ``attend(q, k, v, tables, key_index) -> out`` (:mod:`.aa_sdpa` or
+    :mod:`.aa_materialized`).
     """
     r = (kernel_size - 1) // 2
     block_hw = _tile(block_size, q.shape[2], q.shape[3])

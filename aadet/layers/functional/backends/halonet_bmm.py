@@ -1,11 +1,11 @@
-"""HaloNet attention as batched matmuls with its own backward: the ``"bmm"`` route (the CPU default).
+"""HaloNet attention as batched matmuls with its own backward: the ``"bmm"`` route (pure PyTorch).
 
 Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` on the blocks of
-:mod:`.halo_blocks`, written for the CPU: blocked attention is dense within a block, so each step
+:mod:`.halonet_blocks`, written for the CPU: blocked attention is dense within a block, so each step
 is one batched matmul over all ``M = B Nh nblk`` blocks (``Pq`` queries, ``L = Uh Uw`` window
 keys, ``d`` channels) that BLAS runs near full rate, and the few elementwise passes over the
 ``[M, Pq, L]`` logits are all there is besides. What the plain-ops route
-(:mod:`.halo_materialized`) leaves to autograd is done here by hand, which halves its time:
+(:mod:`.halonet_materialized`) leaves to autograd is done here by hand, which halves its time:
 
 * channels-first maps: ``q, k, v`` are read as ``[B Nh, d, H, W]`` (a view of the layer's
   projections), the keys' windows copied straight into the ``[M, d, L]`` layout the logits'
@@ -22,15 +22,14 @@ keys, ``d`` channels) that BLAS runs near full rate, and the few elementwise pas
 Saved for backward: the blocks ``q [M, Pq, d]``, the windows ``k [M, d, L]`` and ``v [M, L, dv]``
 and the softmax output ``[M, Pq, L]`` (``(b + 2h)^2`` per query). Arithmetic in float32 with
 autocast off, or float64 for float64 inputs (the exactness tests); output in ``v``'s dtype. A
-custom autograd Function does not export: under tracing/export ``impl="auto"`` takes
-``"materialized"``.
+custom autograd Function: it does not export.
 """
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .halo_blocks import HaloGeometry, halo_geometry, halo_line_validity, halo_relative_index
+from .halonet_blocks import HaloGeometry, halo_geometry, halo_line_validity, halo_relative_index
 
 __all__ = ["bmm_halo_attention"]
 
@@ -204,6 +203,6 @@ def _relative_gradients(gs, qb, rel_h, rel_w, gqb: Optional[torch.Tensor], geo: 
 
 def bmm_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
     """Batched matmuls with a hand-written backward (``impl="bmm"``) on checked arguments,
-    shaped as for :func:`~.halo_materialized.materialized_halo_attention`."""
+    shaped as for :func:`~.halonet_materialized.materialized_halo_attention`."""
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
     return _HaloBmm.apply(q, k, v, rel_h, rel_w, geo)

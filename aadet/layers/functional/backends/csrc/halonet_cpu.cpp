@@ -1,4 +1,4 @@
-// HaloNet blocked local attention on CPU, block by block in cache: the "cpp" halo route.
+// HaloNet blocked local attention on CPU, block by block in cache: HaloNet's "cpp" route.
 //
 // Maps are channels-first per (batch x head) slice n: q [N, d, Ho, Wo] (queries on the grid of
 // stride s), k [N, d, H, W], v [N, dv, H, W]: what the layer's 1x1 projections give, read in
@@ -429,12 +429,12 @@ Geometry make_geometry(const torch::Tensor& q, const torch::Tensor& k, const tor
                        const torch::Tensor& rel_h, const torch::Tensor& rel_w, int64_t b, int64_t h,
                        int64_t s) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "halo_cpu: CPU tensors only");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "halo_cpu: maps must be [N, C, H, W]");
+              "halonet_cpu: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "halonet_cpu: maps must be [N, C, H, W]");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "halo_cpu: q, k, v must share one dtype");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "halo_cpu: contiguous maps only");
-  TORCH_CHECK(b >= 1 && h >= 0 && s >= 1 && b % s == 0, "halo_cpu: bad block/halo/stride");
+              "halonet_cpu: q, k, v must share one dtype");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "halonet_cpu: contiguous maps only");
+  TORCH_CHECK(b >= 1 && h >= 0 && s >= 1 && b % s == 0, "halonet_cpu: bad block/halo/stride");
   Geometry g;
   g.N = q.size(0); g.d = q.size(1); g.dr = g.d / 2; g.Ho = q.size(2); g.Wo = q.size(3);
   g.dv = v.size(1); g.H = k.size(2); g.W = k.size(3);
@@ -442,15 +442,15 @@ Geometry make_geometry(const torch::Tensor& q, const torch::Tensor& k, const tor
   g.nby = (g.H + b - 1) / b; g.nbx = (g.W + b - 1) / b;
   g.R = 2 * (b + h) - 1;
   g.rel = rel_h.defined() && rel_h.numel() + rel_w.numel() > 0;
-  TORCH_CHECK(g.Ho == (g.H + s - 1) / s && g.Wo == (g.W + s - 1) / s, "halo_cpu: q must be on k's strided grid");
+  TORCH_CHECK(g.Ho == (g.H + s - 1) / s && g.Wo == (g.W + s - 1) / s, "halonet_cpu: q must be on k's strided grid");
   TORCH_CHECK(k.size(0) == g.N && k.size(1) == g.d && v.size(0) == g.N && v.size(2) == g.H && v.size(3) == g.W,
-              "halo_cpu: q, k, v shapes disagree");
+              "halonet_cpu: q, k, v shapes disagree");
   if (g.rel)
     TORCH_CHECK(rel_h.dim() == 2 && rel_w.dim() == 2 && rel_h.size(0) == g.R && rel_w.size(0) == g.R &&
                     rel_h.size(1) == g.dr && rel_w.size(1) == g.d - g.dr && rel_h.is_contiguous() &&
                     rel_w.is_contiguous() && rel_h.scalar_type() == q.scalar_type() &&
                     rel_w.scalar_type() == q.scalar_type(),
-                "halo_cpu: embeddings must be rel_h [2(b + h) - 1, d/2], rel_w [2(b + h) - 1, d - d/2] "
+                "halonet_cpu: embeddings must be rel_h [2(b + h) - 1, d/2], rel_w [2(b + h) - 1, d - d/2] "
                 "in q's dtype");
   return g;
 }
@@ -477,7 +477,7 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor q, torch::Te
   const Geometry g = make_geometry(q, k, v, rel_h, rel_w, b, h, s);
   TORCH_CHECK(go.is_contiguous() && out.is_contiguous() && lse.is_contiguous() &&
                   go.sizes() == out.sizes() && go.scalar_type() == q.scalar_type(),
-              "halo_cpu: grad_out, out must be contiguous [N, dv, Ho, Wo]");
+              "halonet_cpu: grad_out, out must be contiguous [N, dv, Ho, Wo]");
   torch::Tensor gq, gk, gv, grh, grw;
   if (need_q) gq = torch::empty_like(q);
   if (need_k) gk = torch::zeros_like(k);

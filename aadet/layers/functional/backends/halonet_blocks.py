@@ -1,5 +1,5 @@
 """HaloNet's blocked local attention: the block layout, relative tables and border masks that
-every halo route shares (:mod:`.halo_materialized`, :mod:`.halo_sdpa`).
+every HaloNet route shares (:mod:`.halonet_materialized`, :mod:`.halonet_sdpa`).
 
 Paper: Vaswani, Ramachandran, Srinivas, Parmar, Hechtman, Shlens, "Scaling Local Self-Attention
 for Parameter Efficient Visual Backbones", CVPR 2021, Sec. 2.2 and Figure 1. On checked
@@ -12,7 +12,7 @@ arguments (:func:`~..checks.check_halo_attention`), with ``b = block_size``, ``h
    it (``bq = ceil(bk / s)``, ``b / s`` for whole blocks) -> ``qb [N, nblk, Pq, d]``;
 2. haloing: each block's window is the block plus ``h`` lines around it, ``Uh x Uw = (bk_h + 2h)
    x (bk_w + 2h)`` keys and values -> ``kb [N, nblk, L, d]``, ``vb [N, nblk, L, dv]``, ``L = Uh
-   Uw`` (SASA's halo unfold, :func:`~.sasa_halo._halo_windows`: ``(b + 2h)^2 / b^2`` copies of
+   Uw`` (SASA's halo unfold, :func:`~.sasa_blocked._halo_windows`: ``(b + 2h)^2 / b^2`` copies of
    the map; gathered by index while exporting);
 3. relative tables: ``row[.., p, u] = q_p[:d//2] . rel_h[u - s i_p + b - 1]`` for the query
    ``p`` on row ``i_p`` of its block and window row ``u`` (that is ``a - y + b + h - 1`` with
@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .sasa_halo import _halo_windows, _pad_map, _query_blocks
+from .sasa_blocked import _halo_windows, _pad_map, _query_blocks
 
 __all__ = [
     "HaloGeometry",

@@ -1,11 +1,12 @@
-"""Attention with logit tables written out: the ``"materialized"`` route.
+"""AA's global relative attention with its logits written out: the ``"materialized"`` route of
+:data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`, which SASA's blocked
+``"materialized"`` route (:mod:`.sasa_blocked`) also calls.
 
 Computes :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`,
 ``softmax(q . k + sum_g T_g[..., i, idx_g[j]]) v``, as explicit logits, a float32 softmax (float64
 for float64 inputs, autocast off) and the weighted sum, over chunks of queries (peak memory
 ``N * chunk * Lk``); under autograd each chunk is recomputed in backward (activation
-checkpointing), so training memory is bounded too. Plain tensor ops only: the route ``"auto"``
-takes for float64 and while tracing/exporting (:mod:`~aadet.layers.functional.dispatch`).
+checkpointing), so training memory is bounded too. Plain tensor ops only, so it exports.
 """
 import torch
 from torch.utils.checkpoint import checkpoint

@@ -1,4 +1,5 @@
-"""AA's global attention with 2D relative logits as one Triton flash-attention kernel.
+"""AA's global relative attention as one Triton flash-attention kernel: the ``"triton"`` route of
+:data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`.
 
 The logits of AA (Bello et al., ICCV 2019, Sec. 3.2) factor into a content term and two per-query
 tables indexed by the key's row and column on a row-major ``H x W`` key grid::

@@ -1,7 +1,7 @@
-"""HaloNet attention through fused SDPA: the ``"fused"`` route (the CUDA default).
+"""HaloNet attention through fused SDPA: the ``"fused"`` route.
 
 Computes :func:`~aadet.layers.functional.halo_attention.halo_attention_2d` on the block layout
-of :mod:`.halo_blocks` as one :func:`torch.nn.functional.scaled_dot_product_attention` over all
+of :mod:`.halonet_blocks` as one :func:`torch.nn.functional.scaled_dot_product_attention` over all
 blocks (``[N, nblk]`` as its batch and heads, ``Pq`` queries, ``L`` window keys), with the
 position tables and the border mask as its additive float ``attn_mask``: ``row[.., p, u] +
 col[.., p, u']`` broadcast to ``[N, nblk, Pq, L]``, plus ``-inf`` for window keys outside the map.
@@ -13,7 +13,7 @@ float32 under autocast, the bias in the inputs' dtype.
 import torch
 import torch.nn.functional as F
 
-from .halo_blocks import (
+from .halonet_blocks import (
     halo_geometry,
     halo_key_validity,
     halo_key_windows,
@@ -28,7 +28,7 @@ __all__ = ["sdpa_halo_attention"]
 def sdpa_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
     """Fused SDPA with the position tables and border mask as its bias (``impl="fused"``), on
     checked arguments shaped as for
-    :func:`~.halo_materialized.materialized_halo_attention`."""
+    :func:`~.halonet_materialized.materialized_halo_attention`."""
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
     qb = halo_query_blocks(q, geo)  # [N, nblk, Pq, d]
     kb, vb = halo_key_windows(k, geo), halo_key_windows(v, geo)  # [N, nblk, L, d / dv]

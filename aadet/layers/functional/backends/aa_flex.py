@@ -1,4 +1,5 @@
-"""Attention with logit tables through PyTorch's ``flex_attention`` (``score_mod``).
+"""AA's global relative attention through PyTorch's ``flex_attention`` (``score_mod``): the
+``"flex"`` route of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`.
 
 ``flex_attention`` lets a ``score_mod(score, b, h, q_idx, kv_idx)`` edit every logit inside its
 fused kernel, so the tables of
@@ -19,7 +20,7 @@ Where it runs:
 * **CPU: forward only.** ``flex_attention`` has no CPU backward (torch raises
   ``NotImplementedError``), so a call that needs gradients on CPU raises here, naming the way
   out, unless ``cpu_backward="materialized"`` is passed explicitly: then it runs the
-  materialized route (:mod:`.logit_tables_materialized`) instead. By default CPU runs flex's
+  materialized route (:mod:`.aa_materialized`) instead. By default CPU runs flex's
   eager path, which stores the ``[N, Lq, Lk]`` scores (a reference, not a fast route);
   ``compiled=True`` uses Inductor's CPU kernel.
 """
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_grid_width, check_logit_tables, check_one_dtype
-from .logit_tables_materialized import materialized_attention_with_logit_tables
+from .aa_materialized import materialized_attention_with_logit_tables
 
 __all__ = [
     "FLEX_CPU_BACKWARD",
@@ -138,7 +139,7 @@ def flex_attention_with_row_col_tables(
     """AA's 2D case: ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``.
 
     Same arguments as
-    :func:`~aadet.layers.functional.backends.logit_tables_triton.triton_attention_with_row_col_tables`
+    :func:`~aadet.layers.functional.backends.aa_triton.triton_attention_with_row_col_tables`
     (``q, k [*, L, dk]``, ``v [*, L, dv]``, ``t_row [*, L, H]``, ``t_col [*, L, W]``, ``L = H*W``);
     ``kwargs`` go to :func:`flex_attention_with_logit_tables`.
     """

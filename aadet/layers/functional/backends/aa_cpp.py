@@ -1,5 +1,6 @@
-"""AA's global attention with 2D relative logits in a C++ kernel, the tables added inside the
-softmax: the ``"cpp"`` logit-table route (the CPU default where the kernel builds).
+"""AA's global relative attention in a C++ kernel, the row/column tables added inside the
+softmax: the ``"cpp"`` route of :data:`~aadet.layers.functional.logit_tables.LOGIT_TABLE_BACKENDS`
+(CPU tensors).
 
 Computes :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` in its 2D case
 (AA, Bello et al., ICCV 2019, Sec. 3.2)::
@@ -26,9 +27,8 @@ key columns) to the logits as it computes them:
 Arithmetic in float32 (exp: the vectorized polynomial of ``csrc/cpu_simd.h``, relative error
 ~1e-7), or float64 for float64 inputs (the exactness tests); half-precision inputs (autocast) are
 computed in float32 and the output is returned in ``v``'s dtype. Built and cached as
-:mod:`.cpu_kernels` describes; without it ``impl="auto"`` keeps ``"fused"`` and ``impl="cpp"``
-raises with the build error. The custom function does not export: under tracing or ONNX export
-``impl="auto"`` takes ``"materialized"`` (:mod:`~aadet.layers.functional.dispatch`).
+:mod:`.cpu_kernels` describes; where it cannot be built, :func:`available` is False and
+``impl="cpp"`` raises with the build error. A custom autograd Function: it does not export.
 """
 from typing import List, Optional
 
