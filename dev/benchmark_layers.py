@@ -76,7 +76,7 @@ from aadet.benchmark.report import (  # noqa: E402
     write_report,
 )
 from aadet.benchmark.timing import (  # noqa: E402
-    AMP_DTYPES,
+    add_amp_dtype_argument,
     autocast,
     check_amp_dtype,
     environment_info,
@@ -379,12 +379,7 @@ def build_parser():
         "--iters", type=int, default=None, help="timed iterations (default 3 CPU, 30 CUDA)"
     )
     p.add_argument("--amp", action="store_true", help="autocast to --amp-dtype")
-    p.add_argument(
-        "--amp-dtype",
-        choices=sorted(AMP_DTYPES),
-        default=None,
-        help="autocast dtype with --amp (default float16 on CUDA, bfloat16 on CPU)",
-    )
+    add_amp_dtype_argument(p, " with --amp")
     p.add_argument(
         "--max-naive-gib",
         type=float,

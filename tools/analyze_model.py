@@ -51,12 +51,7 @@ def build_parser():
     )
     p.add_argument("--no-flops", action="store_true", help="parameters only")
     p.add_argument("--json", metavar="FILE", help="also write all numbers (exact counts) as JSON")
-    p.add_argument(
-        "opts",
-        nargs=argparse.REMAINDER,
-        default=[],
-        help="config overrides KEY VALUE ..., applied to every config",
-    )
+    p.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="config overrides KEY VALUE ..., every config")
     return p
 
 

@@ -69,7 +69,7 @@ from aadet.benchmark.report import (  # noqa: E402
     write_report,
 )
 from aadet.benchmark.timing import (  # noqa: E402
-    AMP_DTYPES,
+    add_amp_dtype_argument,
     TakeTurns,
     autocast,
     check_amp_dtype,
@@ -123,12 +123,7 @@ def build_parser():
         default="off",
         help="autocast to --amp-dtype (default off)",
     )
-    p.add_argument(
-        "--amp-dtype",
-        choices=sorted(AMP_DTYPES),
-        default=None,
-        help="autocast dtype (default float16 + GradScaler on CUDA, bfloat16 on CPU)",
-    )
+    add_amp_dtype_argument(p)
     p.add_argument(
         "--rounds",
         type=int,
@@ -160,12 +155,7 @@ def build_parser():
         "--output-md", metavar="FILE", help="write the markdown table here (default: stdout)"
     )
     p.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)  # internal: one case
-    p.add_argument(
-        "opts",
-        nargs=argparse.REMAINDER,
-        default=[],
-        help="config overrides KEY VALUE ..., applied to every config",
-    )
+    p.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="config overrides KEY VALUE ..., every config")
     return p
 
 

@@ -91,6 +91,16 @@ def default_amp_dtype(device) -> str:
     return "float16" if torch.device(device).type == "cuda" else "bfloat16"
 
 
+def add_amp_dtype_argument(parser, when: str = "") -> None:
+    """``--amp-dtype`` on a command line: one of :data:`AMP_DTYPES`, None meaning
+    :func:`default_amp_dtype` (resolved per device by :func:`check_amp_dtype`); ``when`` says
+    which flag turns autocast on."""
+    parser.add_argument(
+        "--amp-dtype", choices=sorted(AMP_DTYPES), default=None,
+        help=f"autocast dtype{when} (default float16 + GradScaler on CUDA, bfloat16 on CPU)",
+    )
+
+
 def check_amp_dtype(name: Optional[str], device) -> str:
     """``name`` if it is one of :data:`AMP_DTYPES`, :func:`default_amp_dtype` for None.
 
