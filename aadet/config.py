@@ -344,12 +344,11 @@ def add_sasa_config(cfg):
     sa.BLOCK_SIZE = layer["block_size"]
     # True: keep no attention weights (k^2 per pixel and head) for backward but recompute them
     # there from one log-sum-exp per query (the C++ kernel's recompute mode, flash attention's
-    # trick): the same result for less training memory (the SASA layer at 80x80, 256 channels,
-    # k 7: about a quarter less at its peak) and more time (the logits computed again in backward;
-    # tools/benchmark_layers.py --suite sasa measures both). With IMPL "auto" it applies where
-    # auto takes the C++ kernel (CPU); the other routes run as they do. IMPL naming a route
-    # without a recompute mode ("neighborhood", "fused", "materialized") together with True is an
-    # error. Not in the paper, so off.
+    # trick): the same result for less training memory and more time (the logits are computed
+    # again in backward; BENCHMARKS.md has both). With IMPL "auto" it applies where auto takes the
+    # C++ kernel (CPU); the other routes run as they do. IMPL naming a route without a recompute
+    # mode ("neighborhood", "fused", "materialized") together with True is an error. Not in the
+    # paper, so off.
     sa.RECOMPUTE_ATTENTION = layer["recompute_attention"]
 
 

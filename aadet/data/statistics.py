@@ -333,7 +333,7 @@ def suggest_recipe(
     crop_size = min(test_size, int(max_crop_size))
 
     # 2. anchors: the small objects at the test scale fit the finest anchor, never below
-    # MIN_OBJECT_STRIDES strides (1-stride anchors measured AP50 0 where 2-stride ones reached 88)
+    # MIN_OBJECT_STRIDES strides (anchors of one stride did not train in the demo's trials)
     base = max(small * scale, target)
     anchor_sizes = [
         [round(base * (s / strides[0]) * 2 ** (k / octaves)) * 1.0 for k in range(octaves)]
