@@ -10,8 +10,12 @@ from detectron2.modeling.backbone.resnet import build_resnet_backbone
 from aadet.config import ConfigValueError, add_aadet_config
 from aadet.modeling.backbone.aa_resnet import build_aa_resnet_backbone
 from aadet.modeling.backbone.fpn import build_retinanet_conv_resnet_fpn_backbone
+from aadet.modeling.backbone.halo_resnet import build_halo_resnet_backbone
 from aadet.modeling.backbone.resnet_stages import RESNET_BLOCKS_PER_STAGE, build_resnet
 from aadet.modeling.backbone.sasa_resnet import build_sasa_resnet_backbone
+
+from tests.modeling.test_halo_models import small_cfg as small_halo_cfg
+from tests.modeling.test_sasa_models import small_cfg as small_sasa_cfg
 
 
 def _cfg(depth, **resnets):
@@ -146,6 +150,31 @@ def test_resnet_config_errors(depth, resnets, aa_stages, needle):
     cfg.MODEL.AA.STAGES = aa_stages
     with pytest.raises(ConfigValueError, match=needle):
         build_aa_resnet_backbone(cfg, ShapeSpec(channels=3))
+
+
+@pytest.mark.parametrize("section,small_cfg,build", [
+    ("HALO", small_halo_cfg, build_halo_resnet_backbone),
+    ("SASA", small_sasa_cfg, build_sasa_resnet_backbone),
+])
+@pytest.mark.parametrize("key,value,needle", [
+    ("RESNETS.NUM_GROUPS", 2, "MODEL.RESNETS.NUM_GROUPS must be 1 when res2 uses attention"),
+    ("RESNETS.DEPTH", 34, "MODEL.RESNETS.DEPTH must be one of"),
+    ("{}.NUM_HEADS", 3, "MODEL.{}.NUM_HEADS must be a divisor of the res2 bottleneck width 8"),
+    ("{}.NUM_HEADS", 8, "MODEL.{}.NUM_HEADS must be at most 4"),  # 2 channels a head, relative
+    ("RESNETS.RES5_DILATION", 2, "MODEL.RESNETS.RES5_DILATION must be 1 when res5 uses attention"),
+    ("{}.STAGES", ("res6",), "MODEL.{}.STAGES must be a subset of"),
+])
+def test_attention_resnet_config_errors_name_the_key(section, small_cfg, build, key, value, needle):
+    """The SASA and HaloNet ResNets share their builder body (build_attention_resnet): the same
+    settings an attention stage cannot take, each error naming the key of its backbone."""
+    cfg = small_cfg()
+    node_name, _, name = f"MODEL.{key.format(section)}".rpartition(".")
+    node = cfg
+    for part in node_name.split("."):
+        node = node[part]
+    setattr(node, name, value)
+    with pytest.raises(ConfigValueError, match=needle.format(section)):
+        build(cfg, ShapeSpec(channels=3))
 
 
 @pytest.mark.parametrize("builder,stages,depth", [
