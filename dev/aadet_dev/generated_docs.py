@@ -8,8 +8,9 @@ learning table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json`` and the
 ``docs/runs/benchmarks``: every table of ``BENCHMARKS.md`` (:data:`BENCHMARK_RUNS`) and its GPU
 targets (the GPU run ``docs/benchmarks_cuda.json`` once there is one); from the COCO configs, the
 model table and ``docs/benchmarks_cuda.json``: the cost tables of ``docs/reproduce_coco.md``
-(:mod:`aadet_dev.cost`). The model table's other columns are kept as committed, or, with
-``model_table``, counted again from every config.
+(:mod:`aadet_dev.cost`); from the newest GPU run record under ``docs/runs/gpu``: BENCHMARKS.md's
+GPU run section and the README's GPU line (:mod:`aadet_dev.gpu_record`). The model table's other
+columns are kept as committed, or, with ``model_table``, counted again from every config.
 """
 import difflib
 import json
@@ -19,7 +20,7 @@ from typing import Callable, Dict
 from aadet.analysis.model_stats import analyze_config, list_configs
 from aadet.benchmark.report import render_model_table
 
-from . import cost
+from . import cost, gpu_record
 from .benchmark_tables import (
     render_layer_tables,
     render_profile_ops,
@@ -63,8 +64,15 @@ BENCHMARK_RUNS: Dict[str, tuple] = {
 }
 
 
-def _benchmarks_md(text: str, repo: str) -> str:
-    """BENCHMARKS.md with every generated block made anew from the committed runs."""
+def _gpu_record(repo: str):
+    """The newest GPU run record under ``docs/runs/gpu`` (:func:`gpu_record.load_record`), or None."""
+    folder = gpu_record.latest_record(os.path.join(repo, "docs", "runs", "gpu"))
+    return None if folder is None else gpu_record.load_record(folder, repo)
+
+
+def _benchmarks_md(text: str, repo: str, record=None) -> str:
+    """BENCHMARKS.md with every generated block made anew from the committed runs (``record``: the
+    GPU run record, :func:`_gpu_record`)."""
     docs = os.path.join(repo, "docs")
     with open(os.path.join(docs, "benchmarks_cpu.json")) as f:
         cpu = json.load(f)
@@ -83,8 +91,9 @@ def _benchmarks_md(text: str, repo: str) -> str:
         with open(cuda_json) as f:
             gpu = render_benchmarks_markdown(json.load(f))
     else:
-        gpu = "**Not measured yet**: no GPU has run `make gpu-check`.\n\n" + render_targets_markdown()
-    return replace_block(text, "gpu", gpu)
+        gpu = gpu_record.render_targets_intro(record) + render_targets_markdown()
+    text = replace_block(text, "gpu", gpu)
+    return replace_block(text, "gpu-run", gpu_record.render_record(record))
 
 
 def committed_override(repo: str) -> Callable[[str, str, str], bool]:
@@ -136,10 +145,12 @@ def generated_files(repo: str, model_table: bool = False) -> Dict[str, str]:
         out[table_md] = render_markdown(rows, MARKDOWN_COMMAND, results)
     else:
         out[table_md] = update_demo_column(_read(table_md), results, MARKDOWN_COMMAND)
+    record = _gpu_record(repo)
     readme = os.path.join(repo, "README.md")
-    out[readme] = splice_summary(_read(readme), out[table_md], results)
+    out[readme] = replace_block(splice_summary(_read(readme), out[table_md], results), "gpu-headline",
+                                gpu_record.render_headline(record))
     bench_md = os.path.join(repo, "BENCHMARKS.md")
-    out[bench_md] = _benchmarks_md(_read(bench_md), repo)
+    out[bench_md] = _benchmarks_md(_read(bench_md), repo, record)
     coco_md, cuda_json = os.path.join(docs, "reproduce_coco.md"), os.path.join(docs, "benchmarks_cuda.json")
     bench = None
     if os.path.isfile(cuda_json):
