@@ -31,7 +31,7 @@ def _grads(fn, ins, cot):
 
 def test_the_kernel_builds_on_this_machine():
     # CI machines have g++ and ninja: a kernel that stops compiling must fail here, not fall back.
-    assert aa_cpp.available(), aa_cpp.KERNEL.build_error()
+    assert aa_cpp.KERNEL.available(), aa_cpp.KERNEL.build_error()
 
 
 def test_auto_takes_the_kernel_on_cpu_and_materialized_for_float64():

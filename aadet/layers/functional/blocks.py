@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_block_attention, check_block_map
+from .precision import compute_dtype
 
 __all__ = [
     "add_block_relative_logits",
@@ -37,15 +38,7 @@ __all__ = [
 ]
 
 
-def block_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size: int,
-    key_padding_mask: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def block_attention(q, k, v, rel_h, rel_w, block_size: int, key_padding_mask=None) -> torch.Tensor:
     """Attention among the ``b x b`` pixels of each block, on tensors in block layout.
 
     The logit of query pixel ``(a, c)`` and key pixel ``(a', c')`` of a block is
@@ -76,17 +69,9 @@ def block_attention_unchecked(q, k, v, rel_h, rel_w, block_size: int, key_paddin
     return out.to(v.dtype)
 
 
-def block_attention_probs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size: int,
-    key_padding_mask: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """The attention probabilities of :func:`block_attention` (an analysis/test helper).
-
-    Args: as :func:`block_attention` (without ``v``).
+def block_attention_probs(q, k, rel_h, rel_w, block_size: int, key_padding_mask=None) -> torch.Tensor:
+    """The attention probabilities of :func:`block_attention` (its arguments but ``v``; an
+    analysis/test helper).
 
     Returns:
         ``[N, Nh, b*b, b*b]`` (query pixel, key pixel; row-major in the block), float32 (float64
@@ -99,7 +84,7 @@ def block_attention_probs(
 
 def _block_probs(q, k, rel_h, rel_w, block_size: int, key_padding_mask) -> torch.Tensor:
     """Softmax of the block logits on checked arguments (autocast off), ``[N, Nh, P, P]``."""
-    ct = torch.promote_types(q.dtype, torch.float32)
+    ct = compute_dtype(q.dtype)
     qc = q.to(ct)
     logits = torch.matmul(qc, k.to(ct).transpose(-1, -2))  # [N, Nh, P, P]
     if rel_h is not None:
@@ -172,14 +157,7 @@ def block_padding_mask(hw: Tuple[int, int], block_size: int, device=None) -> Opt
     return out.view(nby * nbx, 1, 1, s * s)
 
 
-def block_self_attention_2d(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size: int,
-) -> torch.Tensor:
+def block_self_attention_2d(q, k, v, rel_h, rel_w, block_size: int) -> torch.Tensor:
     """Self-attention within non-overlapping ``b x b`` blocks (the SASA attention stem).
 
     Pixel ``(y, x)`` attends to every in-map pixel of its block ``(y // b, x // b)``, with
@@ -188,13 +166,8 @@ def block_self_attention_2d(
     the map's border (their missing pixels are excluded from the softmax). The map-layout form of
     :func:`block_attention` (which the stem calls directly, its projections already in blocks).
 
-    Args:
-        q, k: ``[B, Nh, H, W, dk]``; v: ``[B, Nh, H, W, dv]``.
-        rel_h: ``[2b - 1, dk//2]`` or None (with ``rel_w``); rel_w: ``[2b - 1, dk - dk//2]``.
-        block_size: ``b >= 1``.
-
-    Returns:
-        ``[B, Nh, H, W, dv]``.
+    Arguments as :func:`block_attention`'s, on maps: ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H,
+    W, dv]`` -> ``[B, Nh, H, W, dv]``.
     """
     check_block_map(q, k, v, rel_h, rel_w, block_size)
     bsz, nh, h, w, _ = q.shape

@@ -183,13 +183,7 @@ def check_query_chunk(query_chunk) -> None:
 
 
 # ----------------------------------------------------------------------------- SASA
-def check_qkv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-) -> None:
+def check_qkv(q, k, v, rel_h, rel_w) -> None:
     """``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; ``rel_h [R, dk//2]`` and
     ``rel_w [R, dk - dk//2]`` with the same ``R``, or both None (SASA's split embeddings)."""
     if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
@@ -219,14 +213,7 @@ def check_qkv(
             )
 
 
-def check_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size,
-) -> int:
+def check_local_attention(q, k, v, rel_h, rel_w, kernel_size) -> int:
     """The arguments of SASA's local attention (``local_self_attention_2d``): an odd
     ``kernel_size``, :func:`check_qkv` shapes, ``kernel_size`` embedding rows. Returns the radius."""
     r = check_kernel_size(kernel_size)
@@ -287,16 +274,7 @@ def check_query_stride(
         )
 
 
-def check_halo_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size,
-    halo_size,
-    query_stride=1,
-) -> int:
+def check_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride=1) -> int:
     """The arguments of HaloNet's blocked attention (``halo_attention_2d``): ``block_size >= 1``,
     ``halo_size >= 0``, ``query_stride`` dividing ``block_size``; ``k [B, Nh, H, W, d]`` with
     ``H, W, d >= 1``, ``v [B, Nh, H, W, dv]``, ``q [B, Nh, ceil(H/s), ceil(W/s), d]`` (``s =
@@ -380,13 +358,7 @@ def check_query_positions(query_yx, h: int, w: int, device) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- logit tables
-def check_logit_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tables: Sequence[torch.Tensor],
-    key_index: Sequence[torch.Tensor],
-) -> None:
+def check_logit_tables(q, k, v, tables, key_index) -> None:
     """``attention_with_logit_tables``'s arguments: ``q [*, Lq, d]``, ``k [*, Lk, d]``,
     ``v [*, Lk, dv]``, one ``[*, Lq, M_g]`` table per ``[Lk]`` key index."""
     if len(tables) != len(key_index):
@@ -418,14 +390,7 @@ def check_grid_width(width: int, length: int) -> None:
         raise ValueError(f"width must divide L = {length} (L = H * W); got width={width}")
 
 
-def check_row_col_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    t_row: Optional[torch.Tensor],
-    t_col: Optional[torch.Tensor],
-    width: int,
-) -> Tuple[int, int]:
+def check_row_col_tables(q, k, v, t_row, t_col, width: int) -> Tuple[int, int]:
     """AA's 2D case of the logit tables on a row-major ``H x W`` grid: ``q, k [*, L, dk]``,
     ``v [*, L, dv]`` (one dtype), ``t_row [*, L, H]``, ``t_col [*, L, W]`` (or None) on ``q``'s
     device. Returns ``(H, W)``."""

@@ -46,7 +46,7 @@ from .backends import halonet_cpp
 from .backends.halonet_blocks import halo_geometry, pad_window
 from .backends.halonet_bmm import bmm_halo_attention
 from .backends.halonet_cpp import cpp_halo_attention
-from .backends.halonet_materialized import halo_logits, materialized_halo_attention
+from .backends.halonet_materialized import halo_probs, materialized_halo_attention
 from .backends.halonet_sdpa import sdpa_halo_attention
 from .checks import check_halo_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting
@@ -102,7 +102,7 @@ def auto_halo_attention_impl(q: torch.Tensor) -> str:
         return "materialized"
     if q.device.type == "cuda":
         return "fused"
-    if q.device.type == "cpu" and halonet_cpp.available():
+    if q.device.type == "cpu" and halonet_cpp.KERNEL.available():
         return "cpp"
     return "bmm"
 
@@ -145,15 +145,7 @@ def halo_attention_2d(
 
 
 def halo_attention_2d_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size: int,
-    halo_size: int,
-    query_stride: int,
-    impl: str,
+    q, k, v, rel_h, rel_w, block_size: int, halo_size: int, query_stride: int, impl: str
 ) -> torch.Tensor:
     """:func:`halo_attention_2d` on arguments its caller has checked: what a layer calls in its
     forward, having checked ``block_size``, ``halo_size``, ``query_stride`` and ``impl`` when it
@@ -164,16 +156,10 @@ def halo_attention_2d_unchecked(
 
 
 def halo_attention_probs_2d(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    block_size: int,
-    halo_size: int,
-    *,
-    query_stride: int = 1,
+    q, k, rel_h, rel_w, block_size: int, halo_size: int, *, query_stride: int = 1
 ) -> torch.Tensor:
-    """Attention probabilities of :func:`halo_attention_2d` over each block's window.
+    """Attention probabilities of :func:`halo_attention_2d` (its arguments but ``v``) over each
+    block's window.
 
     Stores ``(b + 2h)^2`` probabilities per query (an analysis/test helper; computed in float32,
     or float64 for float64 inputs, with keys outside the map at exactly 0).
@@ -185,11 +171,8 @@ def halo_attention_probs_2d(
     """
     check_halo_attention(q, k, k, rel_h, rel_w, block_size, halo_size, query_stride)
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
-    ct = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        if rel_h is not None:
-            rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-        probs = torch.softmax(halo_logits(q.to(ct), k.to(ct), rel_h, rel_w, geo), dim=-1)
+        probs = halo_probs(q, k, rel_h, rel_w, geo)
     # [N, nblk, Pq, Uh, Uw] -> the query map, like the output of halo_attention_2d
     (nby, nbx), (bqh, bqw), (ho, wo), (uh, uw) = geo.grid, geo.query_tile, geo.out_hw, geo.window
     n = probs.shape[0]

@@ -53,6 +53,7 @@ from .backends.sasa_blocked import halo_local_attention_fused, halo_local_attent
 from .backends.sasa_neighborhood import neighborhood_local_attention
 from .checks import ErrorFactory, argument_error, check_block_size, check_bool, check_local_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
+from .precision import compute_dtype
 
 __all__ = [
     "AUTO_RECOMPUTE_MAX_HEAD_CHANNELS",
@@ -132,7 +133,7 @@ def auto_local_attention_impl(q: torch.Tensor, kernel_size: int) -> str:
         return "materialized"
     if q.device.type == "cuda":
         return "fused"
-    if kernel_size <= sasa_cpp.MAX_KERNEL_SIZE and sasa_cpp.available():
+    if kernel_size <= sasa_cpp.MAX_KERNEL_SIZE and sasa_cpp.KERNEL.available():
         return "cpp"
     return "neighborhood"
 
@@ -202,15 +203,7 @@ def local_self_attention_2d(
 
 
 def local_self_attention_2d_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-    block_size: int,
-    impl: str,
-    recompute: bool = False,
+    q, k, v, rel_h, rel_w, kernel_size: int, block_size: int, impl: str, recompute: bool = False
 ) -> torch.Tensor:
     """:func:`local_self_attention_2d` on arguments its caller has checked: what a layer calls in
     its forward, having checked ``kernel_size``, ``block_size``, ``impl`` and ``recompute`` when
@@ -228,14 +221,9 @@ def local_self_attention_2d_unchecked(
     return route.fn(q, k, v, rel_h, rel_w, kernel_size, **options)
 
 
-def local_attention_probs_2d(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-) -> torch.Tensor:
-    """Attention probabilities of :func:`local_self_attention_2d`, per window offset.
+def local_attention_probs_2d(q, k, rel_h, rel_w, kernel_size: int) -> torch.Tensor:
+    """Attention probabilities of :func:`local_self_attention_2d` (its arguments but ``v``), per
+    window offset.
 
     Stores ``k^2`` probabilities per pixel (an analysis/test helper; computed in float32, or
     float64 for float64 inputs, with out-of-map neighbours at exactly 0).
@@ -245,7 +233,7 @@ def local_attention_probs_2d(
     """
     r = check_local_attention(q, k, k, rel_h, rel_w, kernel_size)
     b, nh, h, w, dk = q.shape
-    ct = torch.promote_types(q.dtype, torch.float32)
+    ct = compute_dtype(q.dtype)
     qc, kc = q.to(ct), k.to(ct)
     kp = F.pad(kc, (0, 0, r, r, r, r))  # [B, Nh, H + 2r, W + 2r, dk]
     kw = kp.unfold(2, kernel_size, 1).unfold(3, kernel_size, 1)  # [B, Nh, H, W, dk, k, k]

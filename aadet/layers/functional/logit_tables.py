@@ -87,7 +87,7 @@ def auto_logit_table_impl(q: torch.Tensor) -> str:
     else ``"fused"`` (SDPA; on CPU with one warning where the kernel did not build)."""
     if q.dtype == torch.float64 or is_exporting():
         return "materialized"
-    if q.device.type == "cpu" and aa_cpp.available():
+    if q.device.type == "cpu" and aa_cpp.KERNEL.available():
         return "cpp"
     return "fused"
 

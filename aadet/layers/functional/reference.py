@@ -24,7 +24,6 @@ the vectorized ones compute in their inputs' dtype. Shapes and offset convention
 the functions they check (``q`` already scaled, ``[B, Nh, H, W, d]`` maps).
 """
 import itertools
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -115,13 +114,7 @@ def paper_relative_logits(q, rel_embeddings_h, rel_embeddings_w):
     return rel_logits_h, rel_logits_w
 
 
-def paper_relative_self_attention_2d(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-) -> torch.Tensor:
+def paper_relative_self_attention_2d(q, k, v, rel_h, rel_w):
     """The attention part of the paper's ``self_attention_2d`` (q already scaled): full
     ``[B, Nh, HW, HW]`` logits plus the tiled relative logits, softmax, weighted sum, all stored
     for backward. ``rel_h``, ``rel_w`` both tensors or both None (no position term)."""

@@ -38,6 +38,7 @@ from .checks import (
 )
 from .dispatch import AUTO
 from .logit_tables import LOGIT_TABLE_BACKENDS, logit_table_backend
+from .precision import compute_dtype
 
 __all__ = [
     "relative_logit_tables_2d",
@@ -47,11 +48,6 @@ __all__ = [
     "relative_self_attention_2d_unchecked",
     "relative_attention_weights_2d",
 ]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half types and float32, float64 for float64 (references, gradcheck)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def relative_logit_tables_2d(
@@ -79,7 +75,7 @@ def relative_logit_tables_2d(
     tables, key_index = [], []
     if rel_h is None and rel_w is None:
         return tables, key_index
-    ct = _compute_dtype(q.dtype)
+    ct = compute_dtype(q.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         qc = q.to(ct)
         pos = torch.arange(h * w, device=q.device)
@@ -173,15 +169,7 @@ def relative_self_attention_2d(
     return relative_self_attention_2d_unchecked(q, k, v, rel_h, rel_w, impl, query_chunk)
 
 
-def relative_self_attention_2d_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    impl: str,
-    query_chunk: int,
-) -> torch.Tensor:
+def relative_self_attention_2d_unchecked(q, k, v, rel_h, rel_w, impl: str, query_chunk: int) -> torch.Tensor:
     """:func:`relative_self_attention_2d` on arguments its caller has checked: what a layer
     calls in its forward, having checked ``impl`` and ``query_chunk`` when it was built and made
     ``q, k, v`` and the embeddings itself."""
@@ -226,7 +214,7 @@ def relative_attention_weights_2d(
     check_relative_embedding("rel_w", rel_w, w, "W", dk)
     yx = check_query_positions(query_yx, h, w, q.device)
     ys, xs = yx[:, 0], yx[:, 1]
-    ct = _compute_dtype(q.dtype)
+    ct = compute_dtype(q.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         qp = q[:, :, ys, xs].to(ct)  # [B, Nh, P, dk]
         logits = torch.einsum("bnpd,bnyxd->bnpyx", qp, k.to(ct))  # [B, Nh, P, H, W]

@@ -26,26 +26,21 @@ key columns) to the logits as it computes them:
 
 Arithmetic in float32 (exp: the vectorized polynomial of ``csrc/cpu_simd.h``, relative error
 ~1e-7), or float64 for float64 inputs (the exactness tests); half-precision inputs (autocast) are
-computed in float32 and the output is returned in ``v``'s dtype. Built and cached as
-:mod:`.cpu_kernels` describes; where it cannot be built, :func:`available` is False and
-``impl="cpp"`` raises with the build error. A custom autograd Function: it does not export.
-"""
-from typing import List, Optional
+computed in float32 and the output is returned in ``v``'s dtype.
 
+Built on first use and cached by :mod:`.cpu_kernels` (:data:`KERNEL`), which says what happens
+where it cannot be. A custom autograd Function: it does not export.
+"""
 import torch
 
 from ..checks import check_row_col_tables, row_col_tables_from_index
+from ..precision import compute_dtype, input_dtypes
 from .cpu_kernels import KERNELS
 
-__all__ = ["KERNEL", "available", "cpp_attention_with_logit_tables", "cpp_attention_with_row_col_tables"]
+__all__ = ["KERNEL", "cpp_attention_with_logit_tables", "cpp_attention_with_row_col_tables"]
 
-#: The kernel (built on first use: :mod:`.cpu_kernels`).
+#: The kernel (a :class:`~.cpu_kernels.CppKernel`: ``KERNEL.available()``, ``KERNEL.build_error()``).
 KERNEL = KERNELS["aa"]
-
-
-def available() -> bool:
-    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
-    return KERNEL.available()
 
 
 def _transposed_keys(t: torch.Tensor, h: int, w: int, wq: int, dtype: torch.dtype) -> torch.Tensor:
@@ -82,9 +77,8 @@ class _CppRowColAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, t_row, t_col, width, backward_follows):
         ext = KERNEL.extension("cpp")
-        dtypes = (q.dtype, k.dtype, v.dtype,
-                  None if t_row is None else t_row.dtype, None if t_col is None else t_col.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
+        dtypes = input_dtypes(q, k, v, t_row, t_col)
+        ct = compute_dtype(q.dtype)
         *batch, length, _ = q.shape
         h, w = length // width, width
         with torch.autocast(device_type="cpu", enabled=False):
@@ -121,42 +115,19 @@ class _CppRowColAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def cpp_attention_with_row_col_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    t_row: Optional[torch.Tensor],
-    t_col: Optional[torch.Tensor],
-    width: int,
-) -> torch.Tensor:
-    """``softmax(q . k + t_row[..., j // W] + t_col[..., j % W]) v`` in the C++ kernel (CPU).
-
-    Args:
-        q, k: ``[*, L, dk]`` (``q`` already scaled), ``L = H * W`` keys in row-major order.
-        v: ``[*, L, dv]``.
-        t_row: ``[*, L, H]`` or None; t_col: ``[*, L, W]`` or None.
-        width: ``W``.
-
-    Returns:
-        ``[*, L, dv]`` in ``v``'s dtype.
-    """
-    if q.device.type != "cpu":
-        raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
+def cpp_attention_with_row_col_tables(q, k, v, t_row, t_col, width: int) -> torch.Tensor:
+    """``softmax(q . k + t_row[..., j // W] + t_col[..., j % W]) v`` in the C++ kernel (CPU
+    tensors), on AA's row/column tables
+    (:func:`~aadet.layers.functional.checks.check_row_col_tables`; ``q`` already scaled).
+    Returns ``[*, L, dv]`` in ``v``'s dtype."""
+    KERNEL.check_device(q)
     check_row_col_tables(q, k, v, t_row, t_col, width)
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, t_row, t_col))
     return _CppRowColAttention.apply(q, k, v, t_row, t_col, width, backward_follows)
 
 
-def cpp_attention_with_logit_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tables: List[torch.Tensor],
-    key_index: List[torch.Tensor],
-    *,
-    query_chunk: int = 0,
-) -> torch.Tensor:
+def cpp_attention_with_logit_tables(q, k, v, tables, key_index, *, query_chunk: int = 0) -> torch.Tensor:
     """``attention_with_logit_tables``'s signature on the C++ kernel (``impl="cpp"``; the 2D grid
     case, read by :func:`~aadet.layers.functional.checks.row_col_tables_from_index`;
     ``query_chunk`` unused: nothing is materialized)."""

@@ -24,7 +24,7 @@ Where it runs:
   eager path, which stores the ``[N, Lq, Lk]`` scores (a reference, not a fast route);
   ``compiled=True`` uses Inductor's CPU kernel.
 """
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -63,24 +63,15 @@ def _pad_head(x: torch.Tensor) -> torch.Tensor:
 
 
 def flex_attention_with_logit_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tables: List[torch.Tensor],
-    key_index: List[torch.Tensor],
-    *,
-    compiled: Optional[bool] = None,
-    cpu_backward: str = "error",
+    q, k, v, tables, key_index, *, compiled: Optional[bool] = None, cpu_backward: str = "error"
 ) -> torch.Tensor:
     """``softmax(q . k + sum_g tables[g][..., key_index[g]]) v`` with ``flex_attention``.
 
     Args:
-        q: ``[*, Lq, d]`` queries (already scaled; no scaling happens here).
-        k: ``[*, Lk, d]`` keys.
-        v: ``[*, Lk, dv]`` values (q, k, v: one dtype).
-        tables: list of ``[*, Lq, M_g]`` query-side logit tables (float32 keeps the logits in
-            float32 under half inputs).
-        key_index: list of ``[Lk]`` long tensors in ``[0, M_g)``: the table column of each key.
+        q, k, v, tables, key_index: as for
+            :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` (checked
+            here), ``q, k, v`` of one dtype; float32 tables keep the logits in float32 under half
+            inputs.
         compiled: run the compiled kernel (default: on CUDA yes, on CPU no -- eager reference).
         cpu_backward: ``"error"`` (default: a CPU call that needs gradients raises) or
             ``"materialized"`` (such a call runs the materialized route instead).
@@ -127,21 +118,10 @@ def flex_attention_with_logit_tables(
     return out[..., :dv].reshape(*batch, lq, dv).to(v.dtype)
 
 
-def flex_attention_with_row_col_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    t_row: Optional[torch.Tensor],
-    t_col: Optional[torch.Tensor],
-    width: int,
-    **kwargs,
-) -> torch.Tensor:
-    """AA's 2D case: ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``.
-
-    Same arguments as
-    :func:`~aadet.layers.functional.backends.aa_triton.triton_attention_with_row_col_tables`
-    (``q, k [*, L, dk]``, ``v [*, L, dv]``, ``t_row [*, L, H]``, ``t_col [*, L, W]``, ``L = H*W``);
-    ``kwargs`` go to :func:`flex_attention_with_logit_tables`.
+def flex_attention_with_row_col_tables(q, k, v, t_row, t_col, width: int, **kwargs) -> torch.Tensor:
+    """AA's 2D case, ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``, on AA's
+    row/column tables (:func:`~aadet.layers.functional.checks.check_row_col_tables`); ``kwargs``
+    go to :func:`flex_attention_with_logit_tables`.
     """
     length = q.shape[-2]
     check_grid_width(width, length)

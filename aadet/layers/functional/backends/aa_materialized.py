@@ -12,6 +12,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..dispatch import is_exporting
+from ..precision import compute_dtype
 
 __all__ = ["materialized_attention_with_logit_tables"]
 
@@ -19,7 +20,7 @@ __all__ = ["materialized_attention_with_logit_tables"]
 def _materialized_chunk(q, k, v, *tables_and_index):
     n = len(tables_and_index) // 2
     tables, key_index = tables_and_index[:n], tables_and_index[n:]
-    ct = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for references
+    ct = compute_dtype(q.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         logits = torch.matmul(q.to(ct), k.to(ct).transpose(-1, -2))  # [N, Lq, Lk]
         for t, idx in zip(tables, key_index):

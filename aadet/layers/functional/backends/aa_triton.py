@@ -44,7 +44,6 @@ fixed per process: triton decorates its own library (``tl.sum``, ``tl.zeros``) a
 interpreted and compiled functions do not mix (``TRITON_INTERPRETED`` says which it is).
 """
 import math
-from typing import List, Optional
 
 import torch
 
@@ -407,28 +406,15 @@ class _RowColAttention(torch.autograd.Function):
 
 
 def triton_attention_with_row_col_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    t_row: Optional[torch.Tensor],
-    t_col: Optional[torch.Tensor],
-    width: int,
-    *,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
+    q, k, v, t_row, t_col, width: int, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
     max_block_w: int = MAX_BLOCK_W,
 ) -> torch.Tensor:
     """``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j`` with one Triton kernel.
 
-    Keys (and queries) are the ``L = H * W`` positions of a row-major ``H x W`` grid.
-
     Args:
-        q: ``[*, L, dk]`` queries (already scaled).
-        k: ``[*, L, dk]`` keys.
-        v: ``[*, L, dv]`` values (q, k, v: one dtype, float32 / float16 / bfloat16).
-        t_row: ``[*, L, H]`` row table (float32), or None for no row term.
-        t_col: ``[*, L, W]`` column table (float32), or None for no column term.
-        width: ``W``; ``H = L // W``.
+        q, k, v, t_row, t_col, width: AA's row/column tables
+            (:func:`~aadet.layers.functional.checks.check_row_col_tables`; ``q`` already
+            scaled): ``q, k, v`` in one of :data:`TRITON_DTYPES`, the tables read in float32.
         block_m, block_n, max_block_w: tile sizes (powers of two): queries per program, key
             slots per tile (rounded up to whole rows), widest column chunk.
 
@@ -459,17 +445,8 @@ def triton_attention_with_row_col_tables(
     return out.reshape(*batch, length, v.shape[-1])
 
 
-def triton_attention_with_logit_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tables: List[torch.Tensor],
-    key_index: List[torch.Tensor],
-    **tiles,
-) -> torch.Tensor:
-    """``attention_with_logit_tables``'s signature on the Triton kernel (the 2D grid case).
-
-    ``q [*, L, dk]``, ``k [*, L, dk]``, ``v [*, L, dv]``; ``(tables, key_index)`` as described in
+def triton_attention_with_logit_tables(q, k, v, tables, key_index, **tiles) -> torch.Tensor:
+    """``attention_with_logit_tables``'s signature on the Triton kernel: the 2D grid case, read by
     :func:`~aadet.layers.functional.checks.row_col_tables_from_index`. ``tiles``: see
     :func:`triton_attention_with_row_col_tables`.
     """

@@ -114,6 +114,12 @@ class CppKernel:
         """Why the kernel is unavailable (None if it is available or was not tried)."""
         return self._error
 
+    @staticmethod
+    def check_device(t, impl: str = "cpp") -> None:
+        """The kernels run on CPU tensors: raises ValueError for ``t`` on another device."""
+        if t.device.type != "cpu":
+            raise ValueError(f"impl='{impl}' runs on CPU tensors; got {t.device.type} (use impl='auto')")
+
     def extension(self, impl: str = "cpp"):
         """The built module; raises RuntimeError naming the build error where there is none."""
         ext = self.build()

@@ -36,6 +36,7 @@ from .sasa_blocked import _halo_windows, _pad_map, _query_blocks
 
 __all__ = [
     "HaloGeometry",
+    "halo_block_terms",
     "halo_geometry",
     "halo_key_validity",
     "halo_line_validity",
@@ -167,6 +168,19 @@ def halo_relative_tables(
     row = torch.gather(rh, -1, idx_r.expand(*rh.shape[:-2], *idx_r.shape))  # [..., Pq, Uh]
     col = torch.gather(rw, -1, idx_c.expand(*rw.shape[:-2], *idx_c.shape))  # [..., Pq, Uw]
     return row, col
+
+
+def halo_block_terms(q, k, rel_h, rel_w, geo: HaloGeometry):
+    """Steps 1-4 of the module docstring for ``q`` and ``k``: ``qb [N, nblk, Pq, d]``, ``kb [N,
+    nblk, L, d]``, the position tables ``row [N, nblk, Pq, Uh]``, ``col [.., Uw]`` in ``qb``'s
+    dtype (None, None without embeddings) and the border mask ``valid [nblk, L]`` (None where
+    every key is inside the map)."""
+    qb = halo_query_blocks(q, geo)
+    kb = halo_key_windows(k, geo)
+    row = col = None
+    if rel_h is not None:
+        row, col = halo_relative_tables(qb, rel_h.to(qb.dtype), rel_w.to(qb.dtype), geo)
+    return qb, kb, row, col, halo_key_validity(geo, q.device)
 
 
 def halo_unblock(out: torch.Tensor, geo: HaloGeometry) -> torch.Tensor:

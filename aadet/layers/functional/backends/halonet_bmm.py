@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..precision import compute_dtype, grads_in_input_dtypes, input_dtypes
 from .halonet_blocks import HaloGeometry, halo_geometry, halo_line_validity, halo_relative_index
 
 __all__ = ["bmm_halo_attention"]
@@ -40,10 +41,10 @@ def _channels_first(x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
     return x.to(ct).permute(0, 1, 4, 2, 3).reshape(b * nh, c, h, w)
 
 
-def _from_channels_first(x: torch.Tensor, geo: HaloGeometry, dtype) -> torch.Tensor:
-    """``[B Nh, c, H, W]`` -> ``[B, Nh, H, W, c]`` in ``dtype`` (a view)."""
+def _from_channels_first(x: torch.Tensor, geo: HaloGeometry) -> torch.Tensor:
+    """``[B Nh, c, H, W]`` -> ``[B, Nh, H, W, c]`` (a view)."""
     n, c, h, w = x.shape
-    return x.view(geo.batch, geo.heads, c, h, w).permute(0, 1, 3, 4, 2).to(dtype)
+    return x.view(geo.batch, geo.heads, c, h, w).permute(0, 1, 3, 4, 2)
 
 
 def _query_blocks(x: torch.Tensor, geo: HaloGeometry) -> torch.Tensor:
@@ -127,8 +128,8 @@ class _HaloBmm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, geo: HaloGeometry):
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
+        ctx.dtypes = input_dtypes(q, k, v, rel_h, rel_w)
+        ct = compute_dtype(q.dtype)
         (nby, nbx), (uh, uw) = geo.grid, geo.window
         m = geo.batch * geo.heads * nby * nbx
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -149,7 +150,7 @@ class _HaloBmm(torch.autograd.Function):
             out = _unblock(torch.bmm(probs, vb), geo)  # [B Nh, dv, Ho, Wo]
         ctx.save_for_backward(qb, kbt, vb, probs, rel_h, rel_w)
         ctx.geo = geo
-        return _from_channels_first(out, geo, ctx.dtypes[2])
+        return _from_channels_first(out, geo).to(ctx.dtypes[2])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -165,21 +166,19 @@ class _HaloBmm(torch.autograd.Function):
             if need_v:
                 gvb = torch.bmm(probs.transpose(1, 2), gob)  # [M, L, dv]
                 gvb = gvb.view(n, nby, nbx, uh, uw, -1).permute(0, 1, 2, 5, 3, 4)
-                gv = _from_channels_first(_fold(gvb, geo), geo, ctx.dtypes[2])
+                gv = _from_channels_first(_fold(gvb, geo), geo)
             if need_q or need_k or need_rh or need_rw:
                 gs = torch._softmax_backward_data(torch.bmm(gob, vb.transpose(1, 2)), probs, -1, ct)
                 if need_k:
                     gkbt = torch.bmm(qb.transpose(1, 2), gs)  # [M, d, L]
                     gk = _fold(gkbt.view(n, nby, nbx, -1, uh, uw), geo)
-                    gk = _from_channels_first(gk, geo, ctx.dtypes[1])
+                    gk = _from_channels_first(gk, geo)
                 gqb = torch.bmm(gs, kbt.transpose(1, 2)) if need_q else None  # [M, Pq, d]
                 if rel_h is not None:
                     gqb, grh, grw = _relative_gradients(gs, qb, rel_h, rel_w, gqb, geo)
-                    grh = grh.to(ctx.dtypes[3]) if need_rh else None
-                    grw = grw.to(ctx.dtypes[3]) if need_rw else None
                 if need_q:
-                    gq = _from_channels_first(_unblock(gqb, geo), geo, ctx.dtypes[0])
-        return gq, gk, gv, grh, grw, None
+                    gq = _from_channels_first(_unblock(gqb, geo), geo)
+        return (*grads_in_input_dtypes(ctx, gq, gk, gv, grh, grw), None)
 
 
 def _relative_gradients(gs, qb, rel_h, rel_w, gqb: Optional[torch.Tensor], geo: HaloGeometry):
@@ -202,7 +201,7 @@ def _relative_gradients(gs, qb, rel_h, rel_w, gqb: Optional[torch.Tensor], geo: 
 
 
 def bmm_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
-    """Batched matmuls with a hand-written backward (``impl="bmm"``) on checked arguments,
-    shaped as for :func:`~.halonet_materialized.materialized_halo_attention`."""
+    """Batched matmuls with a hand-written backward (``impl="bmm"``), a route of
+    :data:`~aadet.layers.functional.halo_attention.HALO_ATTENTION_BACKENDS`."""
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
     return _HaloBmm.apply(q, k, v, rel_h, rel_w, geo)

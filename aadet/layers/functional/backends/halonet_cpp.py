@@ -17,35 +17,18 @@ and adds the position terms' share to ``q``'s. Arithmetic in float32 (exp: a vec
 polynomial, relative error ~1e-7) with autocast off, or float64 for float64 inputs (the exactness
 tests); output in ``v``'s dtype.
 
-Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
-cannot be built, :func:`available` is False and ``impl="cpp"`` raises with the build error. A
-custom autograd Function: it does not export.
+Built on first use and cached by :mod:`.cpu_kernels` (:data:`KERNEL`), which says what happens
+where it cannot be. A custom autograd Function: it does not export.
 """
-from typing import Optional
-
 import torch
 
+from ..precision import compute_dtype, grads_in_input_dtypes, input_dtypes
 from .cpu_kernels import KERNELS
 
-__all__ = ["KERNEL", "available", "build", "build_error", "cpp_halo_attention"]
+__all__ = ["KERNEL", "cpp_halo_attention"]
 
-#: The kernel (built on first use: :mod:`.cpu_kernels`).
+#: The kernel (a :class:`~.cpu_kernels.CppKernel`: ``KERNEL.available()``, ``KERNEL.build_error()``).
 KERNEL = KERNELS["halonet"]
-
-
-def build(verbose: bool = False):
-    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
-    return KERNEL.build(verbose)
-
-
-def available() -> bool:
-    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
-    return KERNEL.available()
-
-
-def build_error() -> Optional[str]:
-    """Why the kernel is unavailable (None if it is available or was not tried)."""
-    return KERNEL.build_error()
 
 
 class _HaloCpp(torch.autograd.Function):
@@ -55,8 +38,8 @@ class _HaloCpp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
         ext = KERNEL.extension("cpp")
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
+        ctx.dtypes = input_dtypes(q, k, v, rel_h, rel_w)
+        ct = compute_dtype(q.dtype)
         with torch.autocast(device_type="cpu", enabled=False):
             q, k, v = (t.to(ct).contiguous() for t in (q, k, v))
             if rel_h is None:
@@ -75,23 +58,17 @@ class _HaloCpp(torch.autograd.Function):
         ext = KERNEL.extension("cpp")
         with torch.autocast(device_type="cpu", enabled=False):
             go = grad_out.to(out.dtype).contiguous()
-            gq, gk, gv, grh, grw = ext.backward(
+            grads = ext.backward(
                 go, q, k, v, out, lse, rel_h, rel_w, *ctx.geometry, need_q, need_k, need_v,
                 need_rh or need_rw,
             )
-        gq = gq.to(ctx.dtypes[0]) if need_q else None
-        gk = gk.to(ctx.dtypes[1]) if need_k else None
-        gv = gv.to(ctx.dtypes[2]) if need_v else None
-        grh = grh.to(ctx.dtypes[3]) if need_rh else None
-        grw = grw.to(ctx.dtypes[3]) if need_rw else None
-        return gq, gk, gv, grh, grw, None, None, None
+        return (*grads_in_input_dtypes(ctx, *grads), None, None, None)
 
 
 def cpp_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
-    """HaloNet attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
-    shaped as for :func:`~.halonet_materialized.materialized_halo_attention`."""
-    if q.device.type != "cpu":
-        raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
+    """HaloNet attention in the C++ kernel (``impl="cpp"``; CPU tensors), a route of
+    :data:`~aadet.layers.functional.halo_attention.HALO_ATTENTION_BACKENDS`."""
+    KERNEL.check_device(q)
     b, nh, ho, wo, _ = q.shape
     dv = v.shape[-1]
 

@@ -14,47 +14,41 @@ exports.
 """
 import torch
 
-from .halonet_blocks import (
-    HaloGeometry,
-    halo_geometry,
-    halo_key_validity,
-    halo_key_windows,
-    halo_query_blocks,
-    halo_relative_tables,
-    halo_unblock,
-)
+from ..precision import compute_dtype
+from .halonet_blocks import HaloGeometry, halo_block_terms, halo_geometry, halo_key_windows, halo_unblock
 
-__all__ = ["halo_logits", "materialized_halo_attention"]
+__all__ = ["halo_logits", "halo_probs", "materialized_halo_attention"]
 
 
 def halo_logits(q, k, rel_h, rel_w, geo: HaloGeometry) -> torch.Tensor:
     """``[N, nblk, Pq, L]`` logits of every block's queries over its window, keys outside the map
-    at ``-inf``, in ``q``'s dtype (the caller casts). Arguments as
-    :func:`materialized_halo_attention`'s."""
-    qb = halo_query_blocks(q, geo)  # [N, nblk, Pq, d]
-    kb = halo_key_windows(k, geo)  # [N, nblk, L, d]
+    at ``-inf``, in ``q``'s dtype (the caller casts); ``q, k, rel_h, rel_w`` as for
+    :func:`~aadet.layers.functional.halo_attention.halo_attention_2d`."""
+    qb, kb, row, col, valid = halo_block_terms(q, k, rel_h, rel_w, geo)
     logits = torch.matmul(qb, kb.transpose(-1, -2))  # [N, nblk, Pq, L]
-    if rel_h is not None:
-        row, col = halo_relative_tables(qb, rel_h, rel_w, geo)  # [N, nblk, Pq, Uh], [.., Uw]
+    if row is not None:
         uh, uw = geo.window
         logits = logits.view(*logits.shape[:-1], uh, uw) + row[..., :, None] + col[..., None, :]
         logits = logits.flatten(-2)
-    valid = halo_key_validity(geo, q.device)  # [nblk, L] or None
     if valid is not None:
         logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     return logits
 
 
+def halo_probs(q, k, rel_h, rel_w, geo: HaloGeometry) -> torch.Tensor:
+    """The softmax of :func:`halo_logits` in the compute dtype (:mod:`..precision`); call it with
+    autocast off."""
+    ct = compute_dtype(q.dtype)
+    if rel_h is not None:
+        rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
+    return torch.softmax(halo_logits(q.to(ct), k.to(ct), rel_h, rel_w, geo), dim=-1)
+
+
 def materialized_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
-    """Explicit logits and softmax (``impl="materialized"``) on checked arguments: ``q [B, Nh,
-    ceil(H/s), ceil(W/s), d]``, ``k [B, Nh, H, W, d]``, ``v [B, Nh, H, W, dv]``, ``rel_h [2(b + h)
-    - 1, d//2]``, ``rel_w [2(b + h) - 1, d - d//2]`` (or both None) -> ``[B, Nh, ceil(H/s),
-    ceil(W/s), dv]``."""
+    """Explicit logits and softmax (``impl="materialized"``), a route of
+    :data:`~aadet.layers.functional.halo_attention.HALO_ATTENTION_BACKENDS`."""
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
-    ct = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for references
     with torch.autocast(device_type=q.device.type, enabled=False):
-        if rel_h is not None:
-            rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-        probs = torch.softmax(halo_logits(q.to(ct), k.to(ct), rel_h, rel_w, geo), dim=-1)
-        out = torch.matmul(probs, halo_key_windows(v.to(ct), geo))  # [N, nblk, Pq, dv]
+        probs = halo_probs(q, k, rel_h, rel_w, geo)
+        out = torch.matmul(probs, halo_key_windows(v.to(probs.dtype), geo))  # [N, nblk, Pq, dv]
     return halo_unblock(out, geo).to(v.dtype)

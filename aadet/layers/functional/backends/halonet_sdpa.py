@@ -13,30 +13,20 @@ float32 under autocast, the bias in the inputs' dtype.
 import torch
 import torch.nn.functional as F
 
-from .halonet_blocks import (
-    halo_geometry,
-    halo_key_validity,
-    halo_key_windows,
-    halo_query_blocks,
-    halo_relative_tables,
-    halo_unblock,
-)
+from .halonet_blocks import halo_block_terms, halo_geometry, halo_key_windows, halo_unblock
 
 __all__ = ["sdpa_halo_attention"]
 
 
 def sdpa_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride):
-    """Fused SDPA with the position tables and border mask as its bias (``impl="fused"``), on
-    checked arguments shaped as for
-    :func:`~.halonet_materialized.materialized_halo_attention`."""
+    """Fused SDPA with the position tables and border mask as its bias (``impl="fused"``), a
+    route of :data:`~aadet.layers.functional.halo_attention.HALO_ATTENTION_BACKENDS`."""
     geo = halo_geometry(q.shape, k.shape, block_size, halo_size, query_stride)
-    qb = halo_query_blocks(q, geo)  # [N, nblk, Pq, d]
-    kb, vb = halo_key_windows(k, geo), halo_key_windows(v, geo)  # [N, nblk, L, d / dv]
+    qb, kb, row, col, valid = halo_block_terms(q, k, rel_h, rel_w, geo)  # [N, nblk, Pq / L, d], ...
+    vb = halo_key_windows(v, geo)  # [N, nblk, L, dv]
     bias = None
-    if rel_h is not None:
-        row, col = halo_relative_tables(qb, rel_h.to(qb.dtype), rel_w.to(qb.dtype), geo)
+    if row is not None:
         bias = (row[..., :, None] + col[..., None, :]).flatten(-2)  # [N, nblk, Pq, L]
-    valid = halo_key_validity(geo, q.device)  # [nblk, L] or None
     if valid is not None:
         mask = torch.zeros(valid.shape, dtype=qb.dtype, device=q.device)
         mask = mask.masked_fill(~valid, float("-inf"))[:, None, :]  # [nblk, 1, L]

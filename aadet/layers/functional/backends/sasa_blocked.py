@@ -157,7 +157,7 @@ def _blocked_attention(
     attend: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     """Shared core: queries in ``bh x bw`` blocks, keys in the block plus ``halo``, keys further
-    than ``radius`` (per axis) or outside the map masked. Shapes as in :func:`halo_local_attention`."""
+    than ``radius`` (per axis) or outside the map masked. Arguments as :func:`halo_local_attention`'s."""
     b, nh, h, w, dk = q.shape
     dv = v.shape[-1]
     bh, bw = block_hw
@@ -189,23 +189,12 @@ def _blocked_attention(
 
 
 def halo_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-    *,
-    block_size: int,
-    attend: Callable[..., torch.Tensor],
+    q, k, v, rel_h, rel_w, kernel_size: int, *, block_size: int, attend: Callable[..., torch.Tensor]
 ) -> torch.Tensor:
-    """SASA local attention blocked with halos, on checked arguments.
-
-    Shapes as in :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`:
-    ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk -
-    dk//2]`` (or both None) -> ``[B, Nh, H, W, dv]``. ``block_size``: the query tile side (capped
-    at ``H`` / ``W``; any value gives the same result); ``attend``: the logit-table route
-    ``attend(q, k, v, tables, key_index) -> out`` (:mod:`.aa_sdpa` or
+    """SASA local attention in query blocks with haloed windows, on checked arguments of
+    :func:`~aadet.layers.functional.local_attention.local_self_attention_2d`: ``block_size`` the
+    query tile side (capped at ``H`` / ``W``; any value gives the same result), ``attend`` the
+    logit-table route ``attend(q, k, v, tables, key_index) -> out`` (:mod:`.aa_sdpa` or
     :mod:`.aa_materialized`).
     """
     r = (kernel_size - 1) // 2

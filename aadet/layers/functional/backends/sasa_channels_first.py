@@ -20,10 +20,10 @@ __all__ = [
 ]
 
 
-def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w, kernel_size):
-    """Run ``fn(q, k, v, rel_h, rel_w, kernel_size)`` (channels-first: ``[N, d, H, W]`` ->
-    ``[N, dv, H, W]``) on ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; returns ``[B, Nh,
-    H, W, dv]``. The channels-first views are free when the inputs come from 1x1 convolutions
+def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w, *args):
+    """Run ``fn(q, k, v, rel_h, rel_w, *args)`` (channels-first: ``[N, d, H, W]`` -> ``[N, dv,
+    H, W]``) on ``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; returns ``[B, Nh, H, W,
+    dv]``. The channels-first views are free when the inputs come from 1x1 convolutions
     (``split_heads``)."""
     b, nh, h, w, _ = q.shape
     dv = v.shape[-1]
@@ -31,7 +31,7 @@ def apply_channels_first(fn: Callable[..., torch.Tensor], q, k, v, rel_h, rel_w,
     def channels_first(t):
         return t.permute(0, 1, 4, 2, 3).reshape(b * nh, t.shape[-1], h, w)
 
-    out = fn(channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w, kernel_size)
+    out = fn(channels_first(q), channels_first(k), channels_first(v), rel_h, rel_w, *args)
     return out.view(b, nh, dv, h, w).permute(0, 1, 3, 4, 2)
 
 
@@ -49,17 +49,9 @@ def relative_logit_terms(q: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tens
     return row.view(n, -1, h, w), col.view(n, -1, h, w)
 
 
-def relative_gradients(
-    glogits: torch.Tensor,
-    q: torch.Tensor,
-    rel_h: torch.Tensor,
-    rel_w: torch.Tensor,
-    gq: Optional[torch.Tensor],
-    need_rel: Tuple[bool, bool],
-):
-    """The relative terms' share of the gradients, from ``glogits [N, k^2, H, W]`` (offset ``a *
-    k + c``) and channels-first ``q [N, dk, H, W]``: adds ``dL/dq`` in place to ``gq`` (unless
-    None) and returns ``(grad rel_h, grad rel_w)`` (None where ``need_rel`` says so)."""
+def relative_gradients(glogits: torch.Tensor, q, rel_h, rel_w, gq, need_rel):
+    """:func:`relative_term_gradients` from the logits' gradient ``glogits [N, k^2, H, W]`` (offset
+    ``a * k + c``): the terms' gradients are its sums over the window's columns and rows."""
     ks = rel_h.shape[0]
     grid = glogits.unflatten(1, (ks, ks))  # [N, k, k, H, W]
     return relative_term_gradients(grid.sum(2), grid.sum(1), q, rel_h, rel_w, gq, need_rel)
@@ -74,9 +66,10 @@ def relative_term_gradients(
     gq: Optional[torch.Tensor],
     need_rel: Tuple[bool, bool],
 ):
-    """:func:`relative_gradients` from the gradients of the terms themselves, ``grow = dL/drow``
-    and ``gcol = dL/dcol`` ``[N, k, H, W]`` (``dL/dlogits`` summed over the window's columns,
-    resp. rows; what the C++ kernel's recompute mode returns).
+    """The relative terms' share of the gradients, from the gradients of the terms, ``grow =
+    dL/drow`` and ``gcol = dL/dcol`` ``[N, k, H, W]`` (what the C++ kernel's recompute mode
+    returns), and channels-first ``q [N, dk, H, W]``: adds ``dL/dq`` in place to ``gq`` (unless
+    None) and returns ``(grad rel_h, grad rel_w)`` (None where ``need_rel`` says so).
 
     Batched matmuls over ``N`` on the maps as they lie (``gq``, contiguous, is added to in
     place): an einsum contracting over ``N, H, W`` first copies both operands into a layout with

@@ -31,15 +31,14 @@ Every loop runs along a row of the channels-first maps in SIMD vectors, with the
 threads. Arithmetic in float32 (exp: a vectorized polynomial, relative error ~1e-7), or float64
 for float64 inputs (the exactness tests), output in ``v``'s dtype, as the neighborhood route.
 
-The kernel is compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it
-once). Where it cannot be built (no compiler, ``AADET_CPP_KERNELS=0``), :func:`available` is
-False and ``impl="cpp"`` raises with the build error. A custom autograd Function: it does not
-export.
+Built on first use and cached by :mod:`.cpu_kernels` (:data:`KERNEL`), which says what happens
+where it cannot be. A custom autograd Function: it does not export.
 """
 from typing import Optional
 
 import torch
 
+from ..precision import compute_dtype, grads_in_input_dtypes, input_dtypes
 from .cpu_kernels import KERNELS
 from .sasa_channels_first import (
     apply_channels_first,
@@ -48,155 +47,96 @@ from .sasa_channels_first import (
     relative_term_gradients,
 )
 
-__all__ = ["MAX_KERNEL_SIZE", "KERNEL", "available", "build", "build_error", "cpp_local_attention"]
+__all__ = ["MAX_KERNEL_SIZE", "KERNEL", "cpp_local_attention"]
 
 #: The largest window side the kernel is compiled for (every odd size up to it: the dispatch
 #: switch of csrc/sasa_cpu.cpp instantiates each, and checks the same bound).
 MAX_KERNEL_SIZE = 15
-#: The kernel (built on first use: :mod:`.cpu_kernels`).
+#: The kernel (a :class:`~.cpu_kernels.CppKernel`: ``KERNEL.available()``, ``KERNEL.build_error()``).
 KERNEL = KERNELS["sasa"]
 
 
-def build(verbose: bool = False):
-    """Compile (or load the cached build of) the kernel; None where it cannot be built."""
-    return KERNEL.build(verbose)
+def _logit_terms(q: torch.Tensor, rel_h: Optional[torch.Tensor], rel_w: Optional[torch.Tensor]):
+    """The kernel's positional terms ``(row, col)`` of ``q`` (:func:`relative_logit_terms`), or two
+    empty tensors without embeddings."""
+    if rel_h is None:
+        return q.new_empty(0), q.new_empty(0)
+    return relative_logit_terms(q, rel_h, rel_w)
 
 
-def available() -> bool:
-    """True if the kernel is built or builds now (the first call may compile it, ~1 minute)."""
-    return KERNEL.available()
-
-
-def build_error() -> Optional[str]:
-    """Why the kernel is unavailable (None if it is available or was not tried)."""
-    return KERNEL.build_error()
-
-
-def _extension():
-    return KERNEL.extension("cpp")
+def _in_compute_dtype(q, k, v, rel_h, rel_w):
+    """``q, k, v, rel_h, rel_w`` in the compute dtype (:mod:`..precision`)."""
+    ct = compute_dtype(q.dtype)
+    q, k, v = q.to(ct), k.to(ct), v.to(ct)
+    if rel_h is not None:
+        rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
+    return q, k, v, rel_h, rel_w
 
 
 class _CppLocalAttention(torch.autograd.Function):
-    """Eq. 3 on channels-first maps in the C++ kernel (see the module docstring).
-
-    ``q, k [N, dk, H, W]``, ``v [N, dv, H, W]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk - dk//2]``
-    (or both None) -> ``[N, dv, H, W]``.
-    """
+    """Eq. 3 on channels-first maps in the C++ kernel (see the module docstring): ``q, k [N, dk,
+    H, W]``, ``v [N, dv, H, W]``, ``rel_h [k, dk//2]``, ``rel_w [k, dk - dk//2]`` (or both None)
+    -> ``[N, dv, H, W]``. Without ``recompute`` it keeps the attention weights for backward (and
+    the padded maps the passes read), with it ``q, k, v`` and the log-sum-exp of every query,
+    recomputing the weights in backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, kernel_size):
-        ext = _extension()
-        dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
+    def forward(ctx, q, k, v, rel_h, rel_w, kernel_size, recompute):
+        ext = KERNEL.extension("cpp")
+        ctx.dtypes = input_dtypes(q, k, v, rel_h, rel_w)
+        ctx.kernel_size, ctx.recompute, ctx.width = kernel_size, recompute, q.shape[-1]
         with torch.autocast(device_type=q.device.type, enabled=False):
-            q, k, v = q.to(ct), k.to(ct), v.to(ct)
-            if rel_h is not None:
-                rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-                row, col = relative_logit_terms(q, rel_h, rel_w)  # [N, k, H, W] each
+            q, k, v, rel_h, rel_w = _in_compute_dtype(q, k, v, rel_h, rel_w)
+            if recompute:
+                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                out, lse = ext.forward_lse(q, k, v, *_logit_terms(q, rel_h, rel_w), kernel_size)  # lse: [N, H, W]
+                ctx.save_for_backward(q, k, v, lse, rel_h, rel_w)
             else:
-                row = col = q.new_empty(0)
-            # probs and the padded maps qp, kp, vp: [N, *, H, Wp] (the kernel's padded layout)
-            out, probs, qp, kp, vp = ext.forward(q, k, v, row, col, kernel_size)
-        # Only the padded copies are kept: the projections' output (q, k, v) can be freed.
-        ctx.save_for_backward(qp, kp, vp, probs, rel_h, rel_w)
-        ctx.kernel_size = kernel_size
-        ctx.shape = q.shape
-        ctx.dtypes = dtypes
-        return out.to(dtypes[2])
+                # probs and the padded maps qp, kp, vp: [N, *, H, Wp] (the kernel's padded layout);
+                # only they are kept: the projections' output (q, k, v) can be freed.
+                out, probs, qp, kp, vp = ext.forward(q, k, v, *_logit_terms(q, rel_h, rel_w), kernel_size)
+                ctx.save_for_backward(qp, kp, vp, probs, rel_h, rel_w)
+        return out.to(ctx.dtypes[2])
 
     @staticmethod
     def backward(ctx, grad_out):
-        qp, kp, vp, probs, rel_h, rel_w = ctx.saved_tensors
-        ks = ctx.kernel_size
-        ext = _extension()
-        w = ctx.shape[-1]
-        q = qp[..., ks // 2:ks // 2 + w]  # [N, dk, H, W] (a view)
-        need_q, need_k, need_v, need_rh, need_rw, _ = ctx.needs_input_grad
-        gk = gv = grh = grw = None
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            gp = ext.pad(grad_out.to(q.dtype), ks)
-            gq, glogits = ext.backward_q(gp, kp, vp, probs, w, ks)  # glogits padded like probs
-            if rel_h is not None:
-                grh, grw = relative_gradients(
-                    glogits[..., ks // 2:ks // 2 + w], q, rel_h, rel_w, gq if need_q else None,
-                    (need_rh, need_rw),
-                )
-                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
-            if need_k or need_v:
-                gk, gv = ext.backward_kv(gp, qp, probs, glogits, w, ks)
-                gk = gk.to(ctx.dtypes[1]) if need_k else None
-                gv = gv.to(ctx.dtypes[2]) if need_v else None
-        gq = gq.to(ctx.dtypes[0]) if need_q else None
-        return gq, gk, gv, grh, grw, None
-
-
-class _CppLocalAttentionRecompute(torch.autograd.Function):
-    """:class:`_CppLocalAttention` that saves ``q, k, v`` and the log-sum-exp of every query, not
-    the probabilities, and recomputes them in backward (``recompute=True``; see the module
-    docstring). Same arguments and result."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, kernel_size):
-        ext = _extension()
-        dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            q, k, v = (t.to(ct).contiguous() for t in (q, k, v))
-            if rel_h is not None:
-                rel_h, rel_w = rel_h.to(ct), rel_w.to(ct)
-                row, col = relative_logit_terms(q, rel_h, rel_w)  # [N, k, H, W] each
-            else:
-                row = col = q.new_empty(0)
-            out, lse = ext.forward_lse(q, k, v, row, col, kernel_size)  # lse: [N, H, W]
-        ctx.save_for_backward(q, k, v, lse, rel_h, rel_w)
-        ctx.kernel_size = kernel_size
-        ctx.dtypes = dtypes
-        return out.to(dtypes[2])
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, lse, rel_h, rel_w = ctx.saved_tensors
-        need_q, need_k, need_v, need_rh, need_rw, _ = ctx.needs_input_grad
-        ext = _extension()
+        ks, w = ctx.kernel_size, ctx.width
+        need_q, need_k, need_v, need_rh, need_rw = ctx.needs_input_grad[:5]
+        ext = KERNEL.extension("cpp")
         grh = grw = None
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            if rel_h is not None:
-                row, col = relative_logit_terms(q, rel_h, rel_w)
+        with torch.autocast(device_type=grad_out.device.type, enabled=False):
+            if ctx.recompute:
+                q, k, v, lse, rel_h, rel_w = ctx.saved_tensors
+                row, col = _logit_terms(q, rel_h, rel_w)
+                g = grad_out.to(q.dtype)  # any strides: a broadcast gradient stays one
+                gq, gk, gv, grow, gcol = ext.backward_recompute(g, q, k, v, lse, row, col, ks)
+                del row, col, g
+                if rel_h is not None:
+                    grh, grw = relative_term_gradients(
+                        grow, gcol, q, rel_h, rel_w, gq if need_q else None, (need_rh, need_rw)
+                    )
             else:
-                row = col = q.new_empty(0)
-            g = grad_out.to(q.dtype)  # any strides: a broadcast gradient stays one
-            gq, gk, gv, grow, gcol = ext.backward_recompute(g, q, k, v, lse, row, col, ctx.kernel_size)
-            del row, col, g
-            if rel_h is not None:
-                grh, grw = relative_term_gradients(
-                    grow, gcol, q, rel_h, rel_w, gq if need_q else None, (need_rh, need_rw)
-                )
-                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
-        gq = gq.to(ctx.dtypes[0]) if need_q else None
-        gk = gk.to(ctx.dtypes[1]) if need_k else None
-        gv = gv.to(ctx.dtypes[2]) if need_v else None
-        return gq, gk, gv, grh, grw, None
+                qp, kp, vp, probs, rel_h, rel_w = ctx.saved_tensors
+                q = qp[..., ks // 2:ks // 2 + w]  # [N, dk, H, W] (a view)
+                gp = ext.pad(grad_out.to(q.dtype), ks)
+                # glogits padded like probs; gk, gv empty unless asked for
+                gq, glogits, gk, gv = ext.backward(gp, qp, kp, vp, probs, w, ks, need_k or need_v)
+                if rel_h is not None:
+                    grh, grw = relative_gradients(
+                        glogits[..., ks // 2:ks // 2 + w], q, rel_h, rel_w, gq if need_q else None,
+                        (need_rh, need_rw),
+                    )
+        return (*grads_in_input_dtypes(ctx, gq, gk, gv, grh, grw), None, None)
 
 
-def cpp_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-    *,
-    recompute: bool = False,
-) -> torch.Tensor:
-    """SASA local attention in the C++ kernel (``impl="cpp"``; CPU tensors) on checked arguments,
-    shaped as for :func:`~.sasa_channels_first.apply_channels_first`; ``recompute``: recompute
-    the attention weights in backward instead of keeping them (module docstring)."""
-    if q.device.type != "cpu":
-        raise ValueError(f"impl='cpp' runs on CPU tensors; got {q.device.type} (use impl='auto')")
+def cpp_local_attention(q, k, v, rel_h, rel_w, kernel_size, *, recompute: bool = False) -> torch.Tensor:
+    """SASA local attention in the C++ kernel (``impl="cpp"``; CPU tensors), a route of
+    :data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS`; ``recompute``:
+    recompute the attention weights in backward instead of keeping them (module docstring)."""
+    KERNEL.check_device(q)
     if kernel_size > MAX_KERNEL_SIZE:
         raise ValueError(
             f"impl='cpp' takes kernel_size up to {MAX_KERNEL_SIZE}; got {kernel_size} "
             "(use impl='neighborhood' or 'auto')"
         )
-    fn = _CppLocalAttentionRecompute.apply if recompute else _CppLocalAttention.apply
-    return apply_channels_first(fn, q, k, v, rel_h, rel_w, kernel_size)
+    return apply_channels_first(_CppLocalAttention.apply, q, k, v, rel_h, rel_w, kernel_size, recompute)

@@ -16,11 +16,10 @@ elementwise passes over the maps.
 
 The custom function (and its in-place ``out=`` kernels) does not export.
 """
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
+from ..precision import compute_dtype, grads_in_input_dtypes, input_dtypes
 from .sasa_channels_first import apply_channels_first, relative_gradients, relative_logit_terms
 
 __all__ = ["neighborhood_local_attention"]
@@ -56,8 +55,8 @@ class _NeighborhoodAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, kernel_size):
-        dtypes = (q.dtype, k.dtype, v.dtype, None if rel_h is None else rel_h.dtype)
-        ct = torch.promote_types(q.dtype, torch.float32)
+        ctx.dtypes = input_dtypes(q, k, v, rel_h, rel_w)
+        ct = compute_dtype(q.dtype)
         with torch.autocast(device_type=q.device.type, enabled=False):
             n, dk, h, w = q.shape
             r = kernel_size // 2
@@ -81,8 +80,7 @@ class _NeighborhoodAttention(torch.autograd.Function):
                 out.addcmul_(probs[:, o:o + 1], vp[:, :, ys, xs])
         ctx.save_for_backward(q, kp, vp, probs, rel_h, rel_w)
         ctx.kernel_size = kernel_size
-        ctx.dtypes = dtypes
-        return out.to(dtypes[2])
+        return out.to(ctx.dtypes[2])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -112,28 +110,16 @@ class _NeighborhoodAttention(torch.autograd.Function):
                         gq.addcmul_(glogits[:, o:o + 1], kp[:, :, ys, xs])
                     if need_k:
                         gkp[:, :, ys, xs].addcmul_(glogits[:, o:o + 1], q)
-            if need_k:
-                gk = gkp[inner].to(ctx.dtypes[1])
             if rel_h is not None:
                 grh, grw = relative_gradients(
                     glogits, q, rel_h, rel_w, gq if need_q else None, (need_rh, need_rw)
                 )
-                grh, grw = (None if t is None else t.to(ctx.dtypes[3]) for t in (grh, grw))
-            if need_q:
-                gq = gq.to(ctx.dtypes[0])
-            if need_v:
-                gv = gvp[inner].to(ctx.dtypes[2])
-        return gq, gk, gv, grh, grw, None
+            gk = gkp[inner] if need_k else None
+            gv = gvp[inner] if need_v else None
+        return (*grads_in_input_dtypes(ctx, gq, gk, gv, grh, grw), None)
 
 
-def neighborhood_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-) -> torch.Tensor:
-    """SASA local attention offset by offset (``impl="neighborhood"``) on checked arguments,
-    shaped as for :func:`~.sasa_channels_first.apply_channels_first`."""
+def neighborhood_local_attention(q, k, v, rel_h, rel_w, kernel_size) -> torch.Tensor:
+    """SASA local attention offset by offset (``impl="neighborhood"``), a route of
+    :data:`~aadet.layers.functional.local_attention.LOCAL_ATTENTION_BACKENDS`."""
     return apply_channels_first(_NeighborhoodAttention.apply, q, k, v, rel_h, rel_w, kernel_size)

@@ -362,23 +362,14 @@ class _TritonLocalAttention(torch.autograd.Function):
 
 
 def triton_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-    *,
-    block_pixels: Optional[int] = None,
+    q, k, v, rel_h, rel_w, kernel_size: int, *, block_pixels: Optional[int] = None
 ) -> torch.Tensor:
     """SASA local self-attention over centred ``k x k`` windows clipped to the map, in Triton.
 
     Args:
-        q: ``[B, Nh, H, W, dk]`` queries (already scaled); k: ``[B, Nh, H, W, dk]``;
-            v: ``[B, Nh, H, W, dv]``. float16, bfloat16 or float32, any strides.
-        rel_h: ``[kernel_size, dk//2]`` row-offset embeddings (index ``y' - y + r``), or None
-            together with ``rel_w``; rel_w: ``[kernel_size, dk - dk//2]`` column-offset ones.
-        kernel_size: odd window side ``k = 2r + 1``.
+        q, k, v, rel_h, rel_w, kernel_size: as for
+            :func:`~aadet.layers.functional.local_attention.local_self_attention_2d` (checked
+            here); the tensors float16, bfloat16 or float32, any strides.
         block_pixels: query pixels per program (a power of two; default from the head size).
             Any value gives the same result.
 
@@ -390,14 +381,7 @@ def triton_local_attention(
 
 
 def launch_triton_local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_h: Optional[torch.Tensor],
-    rel_w: Optional[torch.Tensor],
-    kernel_size: int,
-    *,
-    block_pixels: Optional[int] = None,
+    q, k, v, rel_h, rel_w, kernel_size: int, *, block_pixels: Optional[int] = None
 ) -> torch.Tensor:
     """:func:`triton_local_attention` on arguments checked by
     :func:`~aadet.layers.functional.checks.check_local_attention` (``impl="triton"`` of

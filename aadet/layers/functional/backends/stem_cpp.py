@@ -27,9 +27,8 @@ window is the block -- and ReLU commutes with the maximum. The kernel keeps each
 value and pixel per channel and the per-channel moments; the norm's algebra runs, with autograd,
 on the 16x smaller pooled map; backward recomputes each block's output to form its gradient.
 
-Compiled on first use and cached (:mod:`.cpu_kernels`; ``make setup`` builds it once). Where it
-cannot be built, ``KERNEL.available()`` is False and ``impl="cpp"`` raises with the build error. A
-custom autograd Function does not export (tracing or ONNX).
+Built on first use and cached by :mod:`.cpu_kernels` (:data:`KERNEL`), which says what happens
+where it cannot be. A custom autograd Function: it does not export.
 """
 from typing import Optional
 
@@ -40,8 +39,7 @@ from .cpu_kernels import KERNELS
 
 __all__ = ["KERNEL", "cpp_stem_attention", "cpp_stem_attention_norm_relu_pool"]
 
-#: The kernel (built on first use: :mod:`.cpu_kernels`; ``KERNEL.available()``,
-#: ``KERNEL.build_error()``).
+#: The kernel (a :class:`~.cpu_kernels.CppKernel`: ``KERNEL.available()``, ``KERNEL.build_error()``).
 KERNEL = KERNELS["stem"]
 
 
@@ -78,8 +76,7 @@ class _StemCpp(torch.autograd.Function):
 def _kernel_args(x, wq, wk, tr, tc, wv):
     """The kernels' tensor arguments, checked: CPU, both tables or neither (None -> empty),
     contiguous in ``x``'s dtype."""
-    if x.device.type != "cpu":
-        raise ValueError(f"impl='cpp' runs on CPU tensors; got {x.device.type} (use impl='auto')")
+    KERNEL.check_device(x)
     if (tr is None) != (tc is None):
         raise ValueError("give both relative tables tr and tc, or neither")
     if tr is None:
@@ -87,15 +84,7 @@ def _kernel_args(x, wq, wk, tr, tc, wv):
     return [t.to(x.dtype).contiguous() for t in (x, wq, wk, tr, tc, wv)]
 
 
-def cpp_stem_attention(
-    x: torch.Tensor,
-    wq: torch.Tensor,
-    wk: torch.Tensor,
-    tr: Optional[torch.Tensor],
-    tc: Optional[torch.Tensor],
-    wv: torch.Tensor,
-    block_size: int,
-) -> torch.Tensor:
+def cpp_stem_attention(x, wq, wk, tr, tc, wv, block_size: int) -> torch.Tensor:
     """The stem's block attention in the C++ kernel (``impl="cpp"``; CPU tensors).
 
     Args:
@@ -147,17 +136,11 @@ class _StemCppPooled(torch.autograd.Function):
 
 
 def cpp_stem_attention_norm_relu_pool(
-    x: torch.Tensor,
-    wq: torch.Tensor,
-    wk: torch.Tensor,
-    tr: Optional[torch.Tensor],
-    tc: Optional[torch.Tensor],
-    wv: torch.Tensor,
-    block_size: int,
-    norm: Optional[torch.nn.GroupNorm],
+    x, wq, wk, tr, tc, wv, block_size: int, norm: Optional[torch.nn.GroupNorm]
 ) -> torch.Tensor:
     """``relu(max_pool2d(norm(z), b, b, ceil_mode=True))`` of the stem's attention ``z``
-    (:func:`cpp_stem_attention`'s arguments) without writing ``z`` (see the module docstring).
+    (:func:`cpp_stem_attention` of the same arguments) without writing ``z`` (see the module
+    docstring).
 
     Args:
         norm: a :class:`torch.nn.GroupNorm` over the ``O`` output channels (statistics over each

@@ -98,40 +98,43 @@ inline void add_run(T* dst, const T* src, int w) {
   for (int j = 0; j < w; ++j) dst[j] += src[j];
 }
 #ifdef __AVX512F__
-inline void copy_run(float* dst, const float* src, int w) {
+// One 64-byte vector of T and its lane mask, for the masked runs below: the intrinsics of the
+// suffix SFX (ps: float, pd: double).
+template <typename T>
+struct Avx512;
+#define AADET_AVX512(T, VEC, MASK, LANES, SFX)                                            \
+  template <>                                                                             \
+  struct Avx512<T> {                                                                      \
+    using V = VEC;                                                                        \
+    using Mask = MASK;                                                                    \
+    static constexpr int kLanes = LANES;                                                  \
+    static V load(const T* p) { return _mm512_loadu_##SFX(p); }                           \
+    static V load(Mask k, const T* p) { return _mm512_maskz_loadu_##SFX(k, p); }          \
+    static void store(T* p, V v) { _mm512_storeu_##SFX(p, v); }                           \
+    static void store(T* p, Mask k, V v) { _mm512_mask_storeu_##SFX(p, k, v); }           \
+    static V add(V a, V b) { return _mm512_add_##SFX(a, b); }                             \
+  };
+AADET_AVX512(float, __m512, __mmask16, 16, ps)
+AADET_AVX512(double, __m512d, __mmask8, 8, pd)
+#undef AADET_AVX512
+
+// dst[j] = src[j] (add: false) or dst[j] += src[j] (add: true), j < w, in whole vectors and one
+// masked vector for the rest.
+template <bool add, typename T>
+inline void masked_run(T* dst, const T* src, int w) {
+  using A = Avx512<T>;
   int j = 0;
-  for (; j + 16 <= w; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+  for (; j + A::kLanes <= w; j += A::kLanes)
+    A::store(dst + j, add ? A::add(A::load(dst + j), A::load(src + j)) : A::load(src + j));
   if (j < w) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (w - j)) - 1);
-    _mm512_mask_storeu_ps(dst + j, k, _mm512_maskz_loadu_ps(k, src + j));
+    const typename A::Mask k = static_cast<typename A::Mask>((1u << (w - j)) - 1);
+    A::store(dst + j, k, add ? A::add(A::load(k, dst + j), A::load(k, src + j)) : A::load(k, src + j));
   }
 }
-inline void add_run(float* dst, const float* src, int w) {
-  int j = 0;
-  for (; j + 16 <= w; j += 16)
-    _mm512_storeu_ps(dst + j, _mm512_add_ps(_mm512_loadu_ps(dst + j), _mm512_loadu_ps(src + j)));
-  if (j < w) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (w - j)) - 1);
-    _mm512_mask_storeu_ps(dst + j, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, dst + j), _mm512_maskz_loadu_ps(k, src + j)));
-  }
-}
-inline void copy_run(double* dst, const double* src, int w) {
-  int j = 0;
-  for (; j + 8 <= w; j += 8) _mm512_storeu_pd(dst + j, _mm512_loadu_pd(src + j));
-  if (j < w) {
-    const __mmask8 k = static_cast<__mmask8>((1u << (w - j)) - 1);
-    _mm512_mask_storeu_pd(dst + j, k, _mm512_maskz_loadu_pd(k, src + j));
-  }
-}
-inline void add_run(double* dst, const double* src, int w) {
-  int j = 0;
-  for (; j + 8 <= w; j += 8)
-    _mm512_storeu_pd(dst + j, _mm512_add_pd(_mm512_loadu_pd(dst + j), _mm512_loadu_pd(src + j)));
-  if (j < w) {
-    const __mmask8 k = static_cast<__mmask8>((1u << (w - j)) - 1);
-    _mm512_mask_storeu_pd(dst + j, k, _mm512_add_pd(_mm512_maskz_loadu_pd(k, dst + j), _mm512_maskz_loadu_pd(k, src + j)));
-  }
-}
+inline void copy_run(float* dst, const float* src, int w) { masked_run<false>(dst, src, w); }
+inline void copy_run(double* dst, const double* src, int w) { masked_run<false>(dst, src, w); }
+inline void add_run(float* dst, const float* src, int w) { masked_run<true>(dst, src, w); }
+inline void add_run(double* dst, const double* src, int w) { masked_run<true>(dst, src, w); }
 #endif
 
 struct Geometry {

@@ -17,8 +17,9 @@
 //     row, col [N, K, H, W]: the q . rel_h / q . rel_w logit terms (computed by the caller), or
 //     empty tensors (no positional term); qp, kp, vp: the padded inputs, kept for backward.
 //   pad(g, K) -> gp: a map in the padded layout (the output gradient, for both backward passes)
-//   backward_q(gp, kp, vp, probs, W, K) -> (gq [N, dk, H, W] (content term), glogits like probs)
-//   backward_kv(gp, qp, probs, glogits, W, K) -> (gk [N, dk, H, W], gv [N, dv, H, W])
+//   backward(gp, qp, kp, vp, probs, W, K, need_kv) -> (gq [N, dk, H, W] (content term), glogits
+//     like probs, gk [N, dk, H, W], gv [N, dv, H, W]): the query rows' pass for gq and glogits,
+//     then, if need_kv (else gk, gv are empty), the key rows' pass for gk and gv.
 //
 // The recompute mode keeps nothing of size K*K per pixel between forward and backward (flash
 // attention's trick): its passes read the unpadded maps through per-thread RowRings of K padded
@@ -30,9 +31,9 @@
 //     g: the output gradient, any strides; grow, gcol: the gradients of row, col (empty tensors
 //     without them).
 //
-// Rows are independent: at::parallel_for over the N * H query rows (forward, backward_q) or key
-// rows (backward_kv, backward_recompute), so no two threads write one row. float32 and float64;
-// K odd, 1..15.
+// Rows are independent: at::parallel_for over the N * H query rows (forward, backward's first
+// pass) or key rows (backward's second pass, backward_recompute), so no two threads write one
+// row. float32 and float64; K odd, 1..15.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -138,6 +139,40 @@ void window_sum_row(const T* const* P, int64_t sp, const T* const* B, int64_t sb
       store_lanes<T>(dst + d0 * sd + xb, acc[0], geo.W - xb);
     }
   }
+}
+
+// dst[x] = sum_{j < K} src[j * step + x] for x < W, summed in the order of j.
+template <typename T, int K>
+inline void sum_of_rows(T* dst, const T* src, int64_t step, int64_t W) {
+  std::fill(dst, dst + W, T(0));
+  for (int j = 0; j < K; ++j) {
+    const T* row = src + j * step;
+    for (int64_t x = 0; x < W; ++x) dst[x] += row[x];
+  }
+}
+
+// The gradients of key row yk of slice n, dk = sum_o dS q and dv = sum_o P g, gathered from the
+// query rows yq = yk - a + r that see it (the key is offset o = a * K + c of query (yq, xk - c + r)):
+// rows(a, yq, ds_row, p_row, q_row, g_row) points ds_row and p_row at that query row's dS and P of
+// offset (a, 0) (offset c lies c * so further), q_row and g_row at its rows of q and of the output
+// gradient (channels sq apart).
+template <typename T, int K, typename Rows>
+void key_row_gradients(int64_t n, int64_t yk, int64_t so, int64_t sq, int64_t dk, int64_t dv, T* gk,
+                       T* gv, const Geometry& geo, const Rows& rows) {
+  const int64_t HW = geo.H * geo.W;
+  const T* dsr[K];
+  const T* pr[K];
+  const T* qr[K];
+  const T* gr[K];
+  int nrows = 0;
+  for (int a = 0; a < K; ++a) {
+    const int64_t yq = yk - a + geo.r;
+    if (yq < 0 || yq >= geo.H) continue;
+    rows(a, yq, dsr[nrows], pr[nrows], qr[nrows], gr[nrows]);
+    ++nrows;
+  }
+  window_sum_row<T, K, true>(dsr, so, qr, sq, nrows, dk, gk + n * dk * HW + yk * geo.W, HW, geo);
+  window_sum_row<T, K, true>(pr, so, gr, sq, nrows, dv, gv + n * dv * HW + yk * geo.W, HW, geo);
 }
 
 // Scores of query row y against its in-map window rows: for every key row yy = y + a - r inside
@@ -404,30 +439,22 @@ void backward_q_kernel(const T* gp, const T* kp, const T* vp, const T* probs, T*
 template <typename T, int K>
 void backward_kv_kernel(const T* gp, const T* qp, const T* probs, const T* glogits, T* gk, T* gv,
                         int64_t dk, int64_t dv, const Geometry& geo) {
-  const int64_t H = geo.H, W = geo.W, r = geo.r, Wp = geo.Wp;
-  const int64_t HWp = H * Wp, HW = H * W, KK = K * K;
+  const int64_t H = geo.H, Wp = geo.Wp;
+  const int64_t HWp = H * Wp, KK = K * K;
   // Key (yk, xk) is offset o = a * K + c of query (yk - a + r, xk - c + r): gather over o. With
   // the padded layout the query sits at [xk + 2r - c] of its row.
   at::parallel_for(0, geo.N * H, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
     for (int64_t ny = begin; ny < end; ++ny) {
       const int64_t n = ny / H, yk = ny % H;
-      const T* glr[K];
-      const T* pr[K];
-      const T* qr[K];
-      const T* gr[K];
-      int nrows = 0;
-      for (int a = 0; a < K; ++a) {
-        const int64_t yq = yk - a + r;
-        if (yq < 0 || yq >= H) continue;
-        glr[nrows] = glogits + (n * KK + a * K) * HWp + yq * Wp;  // offset (a, c) at + c * HWp
-        pr[nrows] = probs + (n * KK + a * K) * HWp + yq * Wp;
-        qr[nrows] = qp + n * dk * HWp + yq * Wp;
-        gr[nrows] = gp + n * dv * HWp + yq * Wp;
-        ++nrows;
-      }
-      window_sum_row<T, K, true>(glr, HWp, qr, HWp, nrows, dk, gk + n * dk * HW + yk * W, HW, geo);
-      window_sum_row<T, K, true>(pr, HWp, gr, HWp, nrows, dv, gv + n * dv * HW + yk * W, HW, geo);
+      auto rows = [&](int a, int64_t yq, const T*& ds_row, const T*& p_row, const T*& q_row,
+                      const T*& g_row) {
+        ds_row = glogits + (n * KK + a * K) * HWp + yq * Wp;
+        p_row = probs + (n * KK + a * K) * HWp + yq * Wp;
+        q_row = qp + n * dk * HWp + yq * Wp;
+        g_row = gp + n * dv * HWp + yq * Wp;
+      };
+      key_row_gradients<T, K>(n, yk, HWp, HWp, dk, dv, gk, gv, geo, rows);
     }
   });
 }
@@ -439,7 +466,7 @@ void backward_kv_kernel(const T* gp, const T* qp, const T* probs, const T* glogi
 // P = exp(S - lse), dP = g . v (the window's values), dS = P (dP - D) with D = sum_o P dP (= g . out),
 // writes dq = sum_o dS k and the positional gradients (row and column sums of dS) of the rows in
 // [y0, y1), and keeps P, dS, q and g of the last K query rows: all that key row yk = yq - r needs
-// for dk = sum dS q and dv = sum P g over the K query rows that see it (the gather of backward_kv).
+// for dk = sum dS q and dv = sum P g over the K query rows that see it (backward_kv_kernel's gather).
 // A thread's first and last r query rows are recomputed by its neighbours too (none with one thread).
 template <typename T, int K>
 void backward_recompute_kernel(const T* g, const int64_t* gs, const T* q, const T* k, const T* v,
@@ -512,41 +539,21 @@ void backward_recompute_kernel(const T* g, const int64_t* gs, const T* q, const 
           }
           window_sum_row<T, K, false>(dsr, Wp, kw, Wp, nrows, dk, gq + n * dk * HW + yq * W, HW, geo);
           if (grow != nullptr) {  // dS summed over the window's columns (rows) per row (column) offset
-            for (int a = 0; a < K; ++a) {
-              T* gr_a = grow + ((n * K + a) * H + yq) * W;
-              std::fill(gr_a, gr_a + W, T(0));
-              for (int c = 0; c < K; ++c) {
-                const T* Go = dS + (a * K + c) * Wp + r;
-                for (int64_t x = 0; x < W; ++x) gr_a[x] += Go[x];
-              }
-            }
-            for (int c = 0; c < K; ++c) {
-              T* gc_c = gcol + ((n * K + c) * H + yq) * W;
-              std::fill(gc_c, gc_c + W, T(0));
-              for (int a = 0; a < K; ++a) {
-                const T* Go = dS + (a * K + c) * Wp + r;
-                for (int64_t x = 0; x < W; ++x) gc_c[x] += Go[x];
-              }
-            }
+            for (int a = 0; a < K; ++a)
+              sum_of_rows<T, K>(grow + ((n * K + a) * H + yq) * W, dS + a * K * Wp + r, Wp, W);
+            for (int c = 0; c < K; ++c)
+              sum_of_rows<T, K>(gcol + ((n * K + c) * H + yq) * W, dS + c * Wp + r, K * Wp, W);
           }
         }
-        // --- key row yk: gather from the query rows yq = yk - a + r that see it (as backward_kv)
-        const T* glr[K];
-        const T* pr[K];
-        const T* qw[K];
-        const T* gw[K];
-        int nrows = 0;
-        for (int a = 0; a < K; ++a) {
-          const int64_t yq = yk - a + r;
-          if (yq < 0 || yq >= H) continue;
-          glr[nrows] = Sbuf.data() + (yq % K) * PW + a * K * Wp;  // offset (a, c) at + c * Wp
-          pr[nrows] = Pbuf.data() + (yq % K) * PW + a * K * Wp;
-          qw[nrows] = qr.row(yq);
-          gw[nrows] = gr.row(yq);
-          ++nrows;
-        }
-        window_sum_row<T, K, true>(glr, Wp, qw, Wp, nrows, dk, gk + n * dk * HW + yk * W, HW, geo);
-        window_sum_row<T, K, true>(pr, Wp, gw, Wp, nrows, dv, gv + n * dv * HW + yk * W, HW, geo);
+        // --- key row yk: gather from the query rows yq = yk - a + r that see it (as backward_kv_kernel)
+        auto rows = [&](int a, int64_t yq, const T*& ds_row, const T*& p_row, const T*& q_row,
+                      const T*& g_row) {
+          ds_row = Sbuf.data() + (yq % K) * PW + a * K * Wp;
+          p_row = Pbuf.data() + (yq % K) * PW + a * K * Wp;
+          q_row = qr.row(yq);
+          g_row = gr.row(yq);
+        };
+        key_row_gradients<T, K>(n, yk, Wp, Wp, dk, dv, gk, gv, geo, rows);
       }
     }
   });
@@ -555,6 +562,23 @@ void backward_recompute_kernel(const T* g, const int64_t* gs, const T* q, const 
 void check_map(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "sasa_cpu: ", name, " must be a CPU tensor");
   TORCH_CHECK(t.dim() == 4, "sasa_cpu: ", name, " must have 4 dims; got ", t.dim());
+}
+
+// The positional terms row, col [N, K, H, W] of the logits (empty tensors without them), made
+// contiguous in place. Returns whether there are any.
+bool relative_terms(torch::Tensor& row, torch::Tensor& col) {
+  if (row.numel() == 0) return false;
+  check_map(row, "row");
+  check_map(col, "col");
+  row = row.contiguous();
+  col = col.contiguous();
+  return true;
+}
+
+// A tensor's data, or nullptr for an empty one (the kernels' "no positional terms").
+template <typename T>
+T* data_or_null(torch::Tensor& t) {
+  return t.numel() > 0 ? t.data_ptr<T>() : nullptr;
 }
 
 // [N, d, H, W] -> [N, d, H, Wp]: r zeros on the left, Wp - W - r on the right.
@@ -590,16 +614,8 @@ torch::Tensor pad(torch::Tensor t, int64_t K) {
 
 std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                    torch::Tensor row, torch::Tensor col, int64_t K) {
-  check_map(q, "q");
-  check_map(k, "k");
-  check_map(v, "v");
-  const bool relative = row.numel() > 0;
-  if (relative) {
-    check_map(row, "row");
-    check_map(col, "col");
-    row = row.contiguous();
-    col = col.contiguous();
-  }
+  for (auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) check_map(t, name);
+  relative_terms(row, col);
   const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
   torch::Tensor out, probs, qp, kp, vp;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sasa_cpu_forward", [&] {
@@ -612,8 +628,8 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
     SASA_CPU_DISPATCH_K(K, [&] {
       forward_kernel<scalar_t, KS, false>(
           qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
-          relative ? row.data_ptr<scalar_t>() : nullptr, relative ? col.data_ptr<scalar_t>() : nullptr,
-          out.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(), dk, dv, geo);
+          data_or_null<scalar_t>(row), data_or_null<scalar_t>(col), out.data_ptr<scalar_t>(),
+          probs.data_ptr<scalar_t>(), dk, dv, geo);
     });
   });
   return {out, probs, qp, kp, vp};
@@ -622,21 +638,13 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
 // The recompute mode's forward: (out [N, dv, H, W], lse [N, H, W]) from the unpadded maps.
 std::vector<torch::Tensor> forward_lse(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                        torch::Tensor row, torch::Tensor col, int64_t K) {
-  check_map(q, "q");
-  check_map(k, "k");
-  check_map(v, "v");
+  for (auto& [t, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) check_map(t, name);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(2) == q.size(2) &&
                   v.size(3) == q.size(3), "sasa_cpu: q, k, v shapes disagree");
   q = q.contiguous();
   k = k.contiguous();
   v = v.contiguous();
-  const bool relative = row.numel() > 0;
-  if (relative) {
-    check_map(row, "row");
-    check_map(col, "col");
-    row = row.contiguous();
-    col = col.contiguous();
-  }
+  relative_terms(row, col);
   const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
   torch::Tensor out = torch::empty({N, dv, H, W}, q.options());
   torch::Tensor lse = torch::empty({N, H, W}, q.options());
@@ -645,8 +653,8 @@ std::vector<torch::Tensor> forward_lse(torch::Tensor q, torch::Tensor k, torch::
     SASA_CPU_DISPATCH_K(K, [&] {
       forward_kernel<scalar_t, KS, true>(
           q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
-          relative ? row.data_ptr<scalar_t>() : nullptr, relative ? col.data_ptr<scalar_t>() : nullptr,
-          out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), dk, dv, geo);
+          data_or_null<scalar_t>(row), data_or_null<scalar_t>(col), out.data_ptr<scalar_t>(),
+          lse.data_ptr<scalar_t>(), dk, dv, geo);
     });
   });
   return {out, lse};
@@ -667,24 +675,20 @@ std::vector<torch::Tensor> backward_recompute(torch::Tensor g, torch::Tensor q, 
   TORCH_CHECK(g.sizes() == v.sizes() && k.sizes() == q.sizes() && lse.is_contiguous() &&
                   lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(2) &&
                   lse.size(2) == q.size(3), "sasa_cpu: grad_out, lse shapes disagree with q, k, v");
-  const bool relative = row.numel() > 0;
-  if (relative) {
-    row = row.contiguous();
-    col = col.contiguous();
-  }
+  const bool relative = relative_terms(row, col);
   const int64_t N = q.size(0), dk = q.size(1), H = q.size(2), W = q.size(3), dv = v.size(1);
   torch::Tensor gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
   torch::Tensor grow = relative ? torch::empty({N, K, H, W}, q.options()) : q.new_empty({0});
   torch::Tensor gcol = relative ? torch::empty({N, K, H, W}, q.options()) : q.new_empty({0});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sasa_cpu_backward_recompute", [&] {
     const Geometry geo = geometry<scalar_t>(q, K);
-    auto ptr = [&](torch::Tensor& t) { return relative ? t.data_ptr<scalar_t>() : nullptr; };
     SASA_CPU_DISPATCH_K(K, [&] {
       backward_recompute_kernel<scalar_t, KS>(
           g.data_ptr<scalar_t>(), g.strides().data(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-          v.data_ptr<scalar_t>(),
-          lse.data_ptr<scalar_t>(), ptr(row), ptr(col), gq.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(),
-          gv.data_ptr<scalar_t>(), ptr(grow), ptr(gcol), dk, dv, geo);
+          v.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), data_or_null<scalar_t>(row),
+          data_or_null<scalar_t>(col), gq.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(),
+          gv.data_ptr<scalar_t>(), data_or_null<scalar_t>(grow), data_or_null<scalar_t>(gcol), dk, dv,
+          geo);
     });
   });
   return {gq, gk, gv, grow, gcol};
@@ -695,42 +699,40 @@ void check_padded(const torch::Tensor& t, const char* name, const torch::Tensor&
               && t.size(3) == like.size(3), "sasa_cpu: ", name, " must be a contiguous padded map like probs");
 }
 
-std::vector<torch::Tensor> backward_q(torch::Tensor gp, torch::Tensor kp, torch::Tensor vp,
-                                      torch::Tensor probs, int64_t W, int64_t K) {
-  for (auto& [t, name] : {std::pair{gp, "grad_out"}, {kp, "k"}, {vp, "v"}}) check_padded(t, name, probs);
-  const int64_t N = kp.size(0), dk = kp.size(1), H = kp.size(2), dv = vp.size(1);
-  torch::Tensor gq, glogits;
-  AT_DISPATCH_FLOATING_TYPES(kp.scalar_type(), "sasa_cpu_backward_q", [&] {
-    const Geometry geo(N, H, W, K, Vec<scalar_t>::L);
-    TORCH_CHECK(geo.Wp == kp.size(3), "sasa_cpu: padded width mismatch");
-    gq = torch::empty({N, dk, H, W}, kp.options());
-    glogits = torch::empty_like(probs);
+// The geometry of the padded maps [N, *, H, Wp] the backward passes of the stored mode read
+// (``padded`` one of them) for the unpadded width W.
+template <typename T>
+Geometry padded_geometry(const torch::Tensor& padded, int64_t W, int64_t K) {
+  const Geometry geo(padded.size(0), padded.size(2), W, K, Vec<T>::L);
+  TORCH_CHECK(geo.Wp == padded.size(3), "sasa_cpu: padded width mismatch");
+  return geo;
+}
+
+// Both passes of the stored mode's backward: gq (content term) and glogits from the query rows,
+// then (need_kv) gk and gv from the key rows.
+std::vector<torch::Tensor> backward(torch::Tensor gp, torch::Tensor qp, torch::Tensor kp,
+                                    torch::Tensor vp, torch::Tensor probs, int64_t W, int64_t K,
+                                    bool need_kv) {
+  for (auto& [t, name] : {std::pair{gp, "grad_out"}, {qp, "q"}, {kp, "k"}, {vp, "v"}})
+    check_padded(t, name, probs);
+  const int64_t N = qp.size(0), dk = qp.size(1), H = qp.size(2), dv = vp.size(1);
+  torch::Tensor gq = torch::empty({N, dk, H, W}, qp.options()), glogits = torch::empty_like(probs);
+  torch::Tensor gk = need_kv ? torch::empty({N, dk, H, W}, qp.options()) : qp.new_empty({0});
+  torch::Tensor gv = need_kv ? torch::empty({N, dv, H, W}, qp.options()) : qp.new_empty({0});
+  AT_DISPATCH_FLOATING_TYPES(qp.scalar_type(), "sasa_cpu_backward", [&] {
+    const Geometry geo = padded_geometry<scalar_t>(qp, W, K);
     SASA_CPU_DISPATCH_K(K, [&] {
       backward_q_kernel<scalar_t, KS>(
           gp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
           probs.data_ptr<scalar_t>(), gq.data_ptr<scalar_t>(), glogits.data_ptr<scalar_t>(), dk, dv, geo);
+      if (need_kv) {
+        backward_kv_kernel<scalar_t, KS>(
+            gp.data_ptr<scalar_t>(), qp.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
+            glogits.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>(), dk, dv, geo);
+      }
     });
   });
-  return {gq, glogits};
-}
-
-std::vector<torch::Tensor> backward_kv(torch::Tensor gp, torch::Tensor qp, torch::Tensor probs,
-                                       torch::Tensor glogits, int64_t W, int64_t K) {
-  for (auto& [t, name] : {std::pair{gp, "grad_out"}, {qp, "q"}, {glogits, "glogits"}}) check_padded(t, name, probs);
-  const int64_t N = qp.size(0), dk = qp.size(1), H = qp.size(2), dv = gp.size(1);
-  torch::Tensor gk, gv;
-  AT_DISPATCH_FLOATING_TYPES(qp.scalar_type(), "sasa_cpu_backward_kv", [&] {
-    const Geometry geo(N, H, W, K, Vec<scalar_t>::L);
-    TORCH_CHECK(geo.Wp == qp.size(3), "sasa_cpu: padded width mismatch");
-    gk = torch::empty({N, dk, H, W}, qp.options());
-    gv = torch::empty({N, dv, H, W}, qp.options());
-    SASA_CPU_DISPATCH_K(K, [&] {
-      backward_kv_kernel<scalar_t, KS>(
-          gp.data_ptr<scalar_t>(), qp.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
-          glogits.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>(), dk, dv, geo);
-    });
-  });
-  return {gk, gv};
+  return {gq, glogits, gk, gv};
 }
 
 }  // namespace
@@ -738,8 +740,7 @@ std::vector<torch::Tensor> backward_kv(torch::Tensor gp, torch::Tensor qp, torch
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pad", &pad, "pad a [N, d, H, W] map to the kernels' padded width");
   m.def("forward", &forward, "SASA local attention forward (CPU)");
-  m.def("backward_q", &backward_q, "SASA local attention backward: dq and dlogits (CPU)");
-  m.def("backward_kv", &backward_kv, "SASA local attention backward: dk and dv (CPU)");
+  m.def("backward", &backward, "SASA local attention backward: dq and dlogits, then dk and dv (CPU)");
   m.def("forward_lse", &forward_lse, "SASA local attention forward, recompute mode: out and lse (CPU)");
   m.def("backward_recompute", &backward_recompute,
         "SASA local attention backward, recompute mode: dq, dk, dv, drow, dcol (CPU)");
