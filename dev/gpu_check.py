@@ -89,7 +89,7 @@ from aadet_dev import gpu_report  # noqa: E402
 from aadet_dev.checkout import checkout_state  # noqa: E402
 
 #: Default time budget of each stage in seconds (a lent machine runs a command 10 minutes).
-DEFAULT_BUDGET_S = {"tests": 300, "configs": 300, "demo": 540, "benchmarks": 560}
+DEFAULT_BUDGET_S = {"sweep": 300, "tests": 300, "configs": 300, "benchmarks": 560, "demo": 540}
 DEMO_CONFIGS = (
     "configs/Demo/trees_R_26_slim_FPN.yaml",
     "configs/Demo/trees_AA_R_26_slim_FPN.yaml",
@@ -168,6 +168,42 @@ class Budget:
         return time.monotonic() - self.start
 
 
+# ----------------------------------------------------------------------------- stage: sweep
+SWEEP_ROWS = "sweep.jsonl"
+
+
+def stage_sweep(args, budget: Budget) -> dict:
+    """``dev/gpu_sweep.py`` into ``OUT/sweep.jsonl`` (continued where ``--resume`` left it): every
+    attention layer shape of the COCO configs at 640x640, batch 8. ok when every case was measured
+    and each was finite and agreed with the brute force."""
+    from aadet_dev.sweep import read_rows
+
+    rows_file = os.path.join(args.out, SWEEP_ROWS)
+    size = (["--size", "64", "--batch", "1", "--iters", "1"] if args.quick
+            else ["--batch", str(gpu_report.PROTOCOL.batch)])
+    configs = ["--configs", *args.sweep_configs] if args.sweep_configs else []
+    cmd = [sys.executable, os.path.join(REPO, "dev", "gpu_sweep.py"), "--out", rows_file, "--device", args.device,
+           "--seconds", f"{max(1.0, budget.left() - 10):.0f}", *size, *configs]
+    rc, tail = _run(cmd, budget.left(), os.path.join(args.work_dir, "sweep.log"))
+    rows = read_rows(rows_file)
+    plan_file = os.path.splitext(rows_file)[0] + ".plan.json"
+    planned = shapes = None
+    if os.path.isfile(plan_file):
+        with open(plan_file) as f:
+            plan = json.load(f)
+        planned, shapes = plan["cases"], len(plan["shapes"])
+    failures = [r for r in rows if not r.get("ok")]
+    counts = {"measured": len(rows), "failed": len(failures), "planned": planned, "shapes": shapes}
+    complete = planned is not None and len(rows) >= planned
+    out = {"status": "ok" if complete and not failures else "failed", "counts": counts,
+           "failures": failures, "rows_file": SWEEP_ROWS, "exit": rc}
+    if out["status"] != "ok":
+        out["error"] = "; ".join(filter(None, [f"{len(failures)} cases not ok" if failures else "",
+                                                "" if complete else f"{len(rows)} of {planned} cases measured"]))
+        out["log_tail"] = tail
+    return out
+
+
 # ----------------------------------------------------------------------------- stage: tests
 def test_workers(requested: int) -> int:
     """pytest-xdist worker processes for the tests stage: ``requested``, or 0 (one process) where
@@ -221,9 +257,21 @@ def synthetic_inputs(batch: int, size: int, num_classes: int, seed: int, device)
     return detectron2_inputs(make_batch(batch, size, size, seed), num_classes, device=device)
 
 
+def training_shape(cfg) -> tuple:
+    """``(side, images)`` a device trains ``cfg`` with: the scale-jitter crop (else the test size)
+    and ``SOLVER.IMS_PER_BATCH`` over ``SOLVER.REFERENCE_WORLD_SIZE`` workers; where the config
+    names no world size (the COCO configs: 64 images on the papers' 8 accelerators), the
+    protocol's batch a device (8)."""
+    jitter = cfg.INPUT.SCALE_JITTER
+    side = jitter.CROP_SIZE if jitter.ENABLED else cfg.INPUT.MAX_SIZE_TEST
+    world = cfg.SOLVER.REFERENCE_WORLD_SIZE
+    return side, (cfg.SOLVER.IMS_PER_BATCH // world if world else gpu_report.PROTOCOL.batch)
+
+
 def train_config_worker(spec: dict) -> dict:
     """Build ``spec["config"]`` on ``spec["device"]`` and train ``spec["iters"]`` iterations per
-    precision (runs in a fresh process). One result row per precision."""
+    precision at ``spec["size"]`` x ``spec["batch"]`` (None: the config's own,
+    :func:`training_shape`), in a fresh process. One result row per precision."""
     from detectron2.modeling import build_model
 
     import aadet  # noqa: F401
@@ -233,16 +281,18 @@ def train_config_worker(spec: dict) -> dict:
 
     device = torch.device(spec["device"])
     cfg = load_config(os.path.join(REPO, spec["config"]), ["MODEL.DEVICE", str(device)])
+    own_size, own_batch = training_shape(cfg)
+    size, batch = spec.get("size") or own_size, spec.get("batch") or own_batch
     rows = []
     for precision in spec["precisions"]:
-        row = {"config": gpu_report.config_name(spec["config"]), "precision": precision}
+        row = {"config": gpu_report.config_name(spec["config"]), "precision": precision, "size": size,
+               "batch": batch, "iters": spec["iters"]}
         model = opt = inputs = None
         try:
             torch.manual_seed(spec["seed"])
             model = build_model(cfg)
             opt = Trainer.build_optimizer(cfg, model)
-            inputs = synthetic_inputs(spec["batch"], spec["size"], cfg.MODEL.RETINANET.NUM_CLASSES,
-                                      spec["seed"], device)
+            inputs = synthetic_inputs(batch, size, cfg.MODEL.RETINANET.NUM_CLASSES, spec["seed"], device)
             step = TrainingStep(model, inputs, opt, scheduler=Trainer.build_lr_scheduler(cfg, opt),
                                 amp_dtype=gpu_report.AMP_DTYPES.get(precision), check_finite=True)
             losses, times = [], []
@@ -270,11 +320,28 @@ def train_config_worker(spec: dict) -> dict:
     return {"rows": rows}
 
 
+def _previous_rows(args, stage: str) -> list:
+    """The result rows of ``OUT/stage_<stage>.json`` from an earlier call (``--resume``), or []."""
+    path = os.path.join(args.out, f"stage_{stage}.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return json.load(f).get("results", [])
+
+
 def stage_configs(args, budget: Budget) -> dict:
+    """Each config trained ``--iters`` iterations in each precision at its own training size
+    (:func:`training_shape`, unless ``--size`` / ``--batch``), one process per config; the rows an
+    earlier call left ok in ``OUT/stage_configs.json`` are kept and not run again."""
     configs = args.configs or all_configs()
-    results, spec_dir = [], os.path.join(args.work_dir, "specs")
+    spec_dir = os.path.join(args.work_dir, "specs")
     os.makedirs(spec_dir, exist_ok=True)
+    kept = [r for r in _previous_rows(args, "configs") if r.get("status") == "ok"]
+    done = {(r["config"], r["precision"]) for r in kept}
+    results = list(kept)
     for i, config in enumerate(configs):
+        if all((gpu_report.config_name(config), p) in done for p in args.precisions):
+            continue
         if budget.left() <= 5:
             results += [{"config": gpu_report.config_name(config), "precision": p, "status": "skipped",
                          "error": "stage budget spent"} for p in args.precisions]
@@ -292,8 +359,9 @@ def stage_configs(args, budget: Budget) -> dict:
             results += [{"config": gpu_report.config_name(config), "precision": p, "status": "failed",
                          "error": why} for p in args.precisions]
     ok = bool(results) and all(r["status"] == "ok" for r in results)
-    return {"status": "ok" if ok else "failed", "size": args.size, "batch": args.batch, "iters": args.iters,
-            "results": results}
+    return {"status": "ok" if ok else "failed", "size": args.size or "each config's own",
+            "batch": args.batch or "each config's own", "iters": args.iters, "results": results,
+            "resumed": len(kept)}
 
 
 # ----------------------------------------------------------------------------- stage: demo
@@ -474,12 +542,35 @@ def stage_benchmarks(args, budget: Budget) -> dict:
     return out
 
 
-STAGE_FUNCTIONS = {"tests": stage_tests, "configs": stage_configs, "demo": stage_demo,
-                   "benchmarks": stage_benchmarks}
+#: The stages that run on a CPU too, as a dry run (``--device cpu``: never counted).
+CPU_DRY_RUN_STAGES = {"sweep", "configs"}
+STAGE_FUNCTIONS = {"sweep": stage_sweep, "tests": stage_tests, "configs": stage_configs,
+                   "benchmarks": stage_benchmarks, "demo": stage_demo}
 assert tuple(STAGE_FUNCTIONS) == tuple(gpu_report.STAGES)
 
 
 # ----------------------------------------------------------------------------- main
+def resume_from(previous: str, out: str) -> set:
+    """Copy an earlier call's ``stage_*.json`` and sweep rows into ``out`` (where the stages go on
+    from them); returns the stages that passed there (their files stay as they are)."""
+    passed = set()
+    for name in gpu_report.STAGES:
+        src = os.path.join(previous, f"stage_{name}.json")
+        if not os.path.isfile(src):
+            continue
+        with open(src) as f:
+            stage = json.load(f)
+        if os.path.abspath(src) != os.path.abspath(os.path.join(out, f"stage_{name}.json")):
+            shutil.copy(src, out)
+        if stage.get("status") == "ok":
+            passed.add(name)
+    for extra in (SWEEP_ROWS, os.path.splitext(SWEEP_ROWS)[0] + ".plan.json"):
+        src = os.path.join(previous, extra)
+        if os.path.isfile(src) and os.path.abspath(src) != os.path.abspath(os.path.join(out, extra)):
+            shutil.copy(src, out)
+    return passed
+
+
 def _budgets(items):
     budgets = dict(DEFAULT_BUDGET_S)
     for item in items or ():
@@ -521,9 +612,19 @@ def build_parser():
     p.add_argument("--configs", nargs="+", metavar="FILE", help="configs stage: these configs (default: all)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=list(gpu_report.PRECISIONS),
                    help="configs stage: precisions (default fp32 bf16)")
-    p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 3; quick 2)")
-    p.add_argument("--size", type=int, default=None, help="configs stage: image side (default 256; quick 128)")
-    p.add_argument("--batch", type=int, default=2, help="configs stage: images per iteration (default 2)")
+    p.add_argument("--iters", type=int, default=None, help="configs stage: iterations (default 20; quick 2)")
+    p.add_argument("--size", type=int, default=None,
+                   help="configs stage: image side (default each config's own: COCO 640; quick 128)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="configs stage: images per iteration (default each config's own: COCO 8; quick 2)")
+    p.add_argument("--sweep-configs", nargs="+", metavar="FILE",
+                   help="sweep stage: the configs whose layers it takes (default the COCO configs)")
+    p.add_argument("--plan", choices=["all", *gpu_report.LOAN_PLAN], nargs="?", const="all",
+                   help="print the lent machine's call plan (each call's stages and budgets) and exit; "
+                   "with a call's name, only its budgets as STAGE=SECONDS (what dev/gpu_loan.sh reads)")
+    p.add_argument("--resume", metavar="DIR",
+                   help="an earlier call's OUT (stage_*.json, sweep.jsonl): its stages that passed are not run "
+                   "again, the sweep and the configs stage go on from the cases it finished")
     p.add_argument("--demo-epochs", type=int, default=None, help="demo stage: epochs, >= 2 (default 30; quick 2)")
     p.add_argument("--data-root", default=os.environ.get("AADET_DATASETS", "datasets"),
                    help="demo stage: data root (default $AADET_DATASETS or ./datasets)")
@@ -573,6 +674,12 @@ def _finish(report: dict, out_dir: str) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plan:
+        if args.plan == "all":
+            print("\n".join(gpu_report.loan_plan_lines()))
+        else:
+            print(" ".join(f"{k}={v}" for k, v in gpu_report.LOAN_PLAN[args.plan]["stages"].items()))
+        return 0
     if args.worker_config:
         with open(args.worker_config) as f:
             print(json.dumps(train_config_worker(json.load(f))))
@@ -586,13 +693,14 @@ def main(argv=None) -> int:
         raise SystemExit(f"gpu_check needs a CUDA machine: torch {torch.__version__} (CUDA build "
                          f"{torch.version.cuda}) sees no CUDA device. For a CPU dry run of the configs "
                          "stage: --device cpu --stages configs")
-    if device.type != "cuda" and set(args.stages) != {"configs"}:
-        raise SystemExit(f"--device {args.device}: only the configs stage has a CPU dry run; "
-                         f"stages {sorted(set(args.stages) - {'configs'})} need CUDA")
-    args.iters = args.iters or (2 if args.quick else 3)
-    args.size = args.size or (128 if args.quick else 256)
+    if device.type != "cuda" and not set(args.stages) <= CPU_DRY_RUN_STAGES:
+        raise SystemExit(f"--device {args.device}: only the {sorted(CPU_DRY_RUN_STAGES)} stages have a CPU dry run; "
+                         f"stages {sorted(set(args.stages) - CPU_DRY_RUN_STAGES)} need CUDA")
+    args.iters = args.iters or (2 if args.quick else 20)
+    args.size = args.size or (128 if args.quick else None)
+    args.batch = args.batch or (2 if args.quick else None)
     args.demo_epochs = args.demo_epochs or (2 if args.quick else 30)
-    if min(args.iters, args.size, args.batch) < 1:
+    if min(args.iters, args.size or 1, args.batch or 1) < 1:
         raise SystemExit(f"--iters, --size and --batch must be >= 1; got {args.iters}, {args.size}, {args.batch}")
     if args.demo_epochs < 2:  # 1 epoch = 4 iterations: an LR step would round onto the last one
         raise SystemExit(f"--demo-epochs must be >= 2; got {args.demo_epochs}")
@@ -606,8 +714,12 @@ def main(argv=None) -> int:
     if commit["dirty"] is not False:
         print(f"[gpu_check] the tree is not a clean commit ({commit.get('how')}): these stages will not count\n  "
               + "\n  ".join(commit.get("changes") or ["state unknown"]), file=sys.stderr, flush=True)
+    passed = resume_from(args.resume, args.out) if args.resume else set()
     for name in gpu_report.STAGES:
         if name not in args.stages:
+            continue
+        if name in passed:
+            print(f"[gpu_check] stage {name}: passed in {args.resume}, not run again", file=sys.stderr, flush=True)
             continue
         budget = Budget(budgets[name])
         print(f"[gpu_check] stage {name} (budget {budgets[name]:.0f} s)", file=sys.stderr, flush=True)

@@ -76,6 +76,8 @@ __all__ = [
     "parse_junit",
     "tests_stage_result",
     "STAGES",
+    "LOAN_PLAN",
+    "loan_plan_lines",
     "StaleStageError",
     "stale_stages",
     "stage_problems",
@@ -655,13 +657,47 @@ def tests_stage_result(junit: Optional[dict], exit_code, progress: Optional[dict
 # ----------------------------------------------------------------------------- the whole report
 #: The stages of ``dev/gpu_check.py`` in the order they run: name -> what it checks.
 STAGES = {
+    "sweep": "every attention layer shape of the COCO configs at 640x640, batch 8, by every CUDA route of its "
+             "family and the 3x3 conv beside it, forward + backward in fp32 and bf16 / fp16 autocast: finite, "
+             "agreeing with the float64 brute force on a sample, time and peak memory (dev/gpu_sweep.py)",
     "tests": "pytest -m cuda: every attention route (fp32, bf16 and fp16 autocast) vs the float64 brute force, "
              "the compiled Triton kernels; ok only if every CUDA test ran and passed (a skip fails it)",
-    "configs": "every config in configs/ built on CUDA and trained a few iterations in fp32 and bf16 AMP",
-    "demo": "short real training of the demo configs on CUDA, with their AP on trees_val and trees_test",
+    "configs": "every config in configs/ built on CUDA and trained 20 iterations at its own training size "
+               "(COCO 640x640 batch 8) in fp32 and bf16 AMP: every loss and gradient finite",
     "benchmarks": "640x640 batch 8 speed/memory of the R50 configs and the SASA layer, and of the HaloNet layer "
                   "without a target (fp32, bf16 AMP)",
+    "demo": "short real training of the demo configs on CUDA, with their AP on trees_val and trees_test",
 }
+
+
+#: What a lent machine's calls run (``dev/gpu_loan.sh first|second``), in seconds: a call is at most
+#: ``call_s`` of the command's own time (the machine's start and the transfers are not in it), of
+#: which ``install_s`` go to installing what the machine lacks and ``finish_s`` to merging and
+#: packing the report; each stage gets its budget, in this order, and writes what it finished when
+#: it is cut. The second call goes on from the first's files (``--resume``): it repeats nothing.
+LOAN_PLAN = {
+    "first": {"call_s": 540, "install_s": 30, "finish_s": 20,
+              "stages": {"sweep": 190, "tests": 130, "configs": 170}},
+    "second": {"call_s": 240, "install_s": 30, "finish_s": 15,
+               "stages": {"configs": 50, "benchmarks": 110, "demo": 35}},
+}
+#: The limit of one command on a lent machine (seconds) and of device time for a session, the
+#: machine's start included (about 90 s): ``LOAN_PLAN``'s calls must fit both, on one start.
+CALL_LIMIT_S, SESSION_DEVICE_S, MACHINE_START_S = 600, 900, 90
+
+
+def loan_plan_lines(plan: dict = LOAN_PLAN) -> List[str]:
+    """The plan as lines: each call's stages with their budgets, and what is left of the limits."""
+    lines, total = [], MACHINE_START_S
+    for call, p in plan.items():
+        used = p["install_s"] + sum(p["stages"].values()) + p["finish_s"]
+        total += p["call_s"]
+        stages = ", ".join(f"{name} {sec} s" for name, sec in p["stages"].items())
+        lines.append(f"{call}: install {p['install_s']} s, {stages}, finish {p['finish_s']} s = {used} s "
+                     f"of the call's {p['call_s']} s (a command may run {CALL_LIMIT_S} s)")
+    lines.append(f"the calls on one machine start (~{MACHINE_START_S} s; the next call within the 30 s it stays "
+                 f"warm): {total} s of the session's {SESSION_DEVICE_S} s of device time")
+    return lines
 
 
 class StaleStageError(ValueError):
@@ -821,6 +857,16 @@ def _stage_markdown(name: str, s: dict) -> List[str]:
     if s.get("error"):
         out.append(f"\n\nError: `{s['error'][:500]}`")
     out.append("\n")
+    if name == "sweep" and s.get("counts"):
+        c = s["counts"]
+        out.append(f"\n{c['measured']} of {c['planned']} cases measured ({c['failed']} not ok), {c['shapes']} layer "
+                   f"shapes; rows: `{s.get('rows_file', 'sweep.jsonl')}`.\n")
+        for r in s.get("failures", [])[:40]:
+            why = r.get("exception") or (f"error {_f(r.get('error'), '.2e')}" if r.get("agrees") is False else
+                                         "non-finite " + ("output" if not r.get("finite_output") else "gradients"))
+            backends = r.get("sdpa_backends")
+            out.append(f"\n- `{r['case']}`: {why}" + (f"; SDPA backends: {backends}" if backends else ""))
+        out.append("\n")
     if name == "tests" and s.get("junit"):
         j = s["junit"]
         out.append(f"\n{j['tests']} tests: {j['passed']} passed, {j['failed']} failed, {j['errors']} errors, "

@@ -969,3 +969,27 @@ def test_a_benchmark_cut_off_reports_the_cases_it_finished_as_scratch(gpu_check,
     assert aa_train["value"] == pytest.approx(1.05)  # the finished cases' numbers are kept
     sasa = [t for t in scratch["targets"] if t["subject"] == gr.config_name(SASA)]
     assert sasa and all(t["status"] == "missing" for t in sasa)
+
+
+def test_the_loan_plan_fits_its_calls_and_the_session():
+    """Each call's install, stage budgets and finish fit its length, which fits a command's limit;
+    both calls on one machine start fit a session's device time; every stage is in a call, the
+    sweep first, each call's stages in the order of STAGES."""
+    plan = gr.LOAN_PLAN
+    order = list(gr.STAGES)
+    for call in plan.values():
+        used = call["install_s"] + sum(call["stages"].values()) + call["finish_s"]
+        assert used <= call["call_s"] <= gr.CALL_LIMIT_S, call
+        names = list(call["stages"])
+        assert names == sorted(names, key=order.index), names
+    assert plan["first"]["call_s"] <= 9 * 60 and plan["second"]["call_s"] <= 4 * 60
+    assert gr.MACHINE_START_S + sum(c["call_s"] for c in plan.values()) <= gr.SESSION_DEVICE_S
+    assert set(order) == {s for c in plan.values() for s in c["stages"]}
+    assert list(plan["first"]["stages"])[0] == "sweep"
+    lines = gr.loan_plan_lines()
+    assert lines[0].startswith("first: install 30 s, sweep 190 s") and "of the session's 900 s" in lines[-1]
+
+
+def test_plan_option_prints_the_budgets_the_loan_script_reads(gpu_check, capsys):
+    assert gpu_check.main(["--plan", "second"]) == 0
+    assert capsys.readouterr().out.split() == [f"{k}={v}" for k, v in gr.LOAN_PLAN["second"]["stages"].items()]

@@ -1,7 +1,7 @@
 """Brute-force references: the papers' formulas written out, slow and float64-friendly.
 
 Every implementation in this package is tested against these (``tests/layers/test_*attention*.py``),
-and ``tools/benchmark_layers.py`` times the straightforward ones against ours. Nothing here is
+and ``dev/benchmark_layers.py`` times the straightforward ones against ours. Nothing here is
 used by the layers.
 
 * AA (global relative attention, Bello et al. 2019, Sec. 3.2):
@@ -64,13 +64,30 @@ def relative_logits_2d_reference(q, k, rel_h, rel_w):
     return out
 
 
-def relative_self_attention_2d_reference(q, k, v, rel_h, rel_w):
+def relative_self_attention_2d_reference(q, k, v, rel_h, rel_w, queries=None):
     """AA's global attention in float64 from :func:`relative_logits_2d_reference`:
-    ``[B, Nh, H, W, dv]``."""
+    ``[B, Nh, H, W, dv]``; with ``queries`` (``(y, x)`` pixels) only those, ``[B, Nh, n, dv]``,
+    each from its own logits against every key (:func:`_relative_query_reference`: maps too
+    large for every pair)."""
+    if queries is not None:
+        return torch.stack([_relative_query_reference(q, k, v, rel_h, rel_w, y, x) for y, x in queries], dim=2)
     b, nh, h, w, _ = q.shape
     logits = relative_logits_2d_reference(q, k, rel_h, rel_w).reshape(b, nh, h, w, h * w)
     weights = torch.softmax(logits, dim=-1)
     return torch.einsum("bnyxj,bnjd->bnyxd", weights, v.double().reshape(b, nh, h * w, -1))
+
+def _relative_query_reference(q, k, v, rel_h, rel_w, y, x):
+    """``[B, Nh, dv]``: query ``(y, x)`` against every key ``(y', x')``: ``q.k + q.rel_h[y'-y+H-1]
+    + q.rel_w[x'-x+W-1]``, softmax over the keys, values summed (float64)."""
+    b, nh, h, w, _ = q.shape
+    qi = q[:, :, y, x].double()  # [B, Nh, d]
+    logits = torch.einsum("bnd,bnhwd->bnhw", qi, k.double())
+    if rel_h is not None:
+        logits = logits + (qi @ rel_h.double()[h - 1 - y: 2 * h - 1 - y].T)[:, :, :, None]  # rows y' = 0..H-1
+    if rel_w is not None:
+        logits = logits + (qi @ rel_w.double()[w - 1 - x: 2 * w - 1 - x].T)[:, :, None, :]
+    p = torch.softmax(logits.reshape(b, nh, h * w), dim=-1)
+    return torch.einsum("bnj,bnjd->bnd", p, v.double().reshape(b, nh, h * w, -1))
 
 
 def paper_rel_to_abs(x):
@@ -130,13 +147,14 @@ def paper_relative_self_attention_2d(q, k, v, rel_h, rel_w):
 
 
 # ----------------------------------------------------------------------------- SASA
-def local_self_attention_2d_reference(q, k, v, rel_h, rel_w, kernel_size):
-    """Eq. 3 pixel by pixel in float64: softmax over the in-map part of the centred window."""
+def local_self_attention_2d_reference(q, k, v, rel_h, rel_w, kernel_size, queries=None):
+    """Eq. 3 pixel by pixel in float64: softmax over the in-map part of the centred window;
+    ``[B, Nh, H, W, dv]``, or with ``queries`` (``(y, x)`` pixels) only those, ``[B, Nh, n, dv]``."""
     b, nh, h, w, dk = q.shape
     r = kernel_size // 2
     q, k, v = q.double(), k.double(), v.double()
     out = torch.zeros(b, nh, h, w, v.shape[-1], dtype=D)
-    for bi, n, y, x in itertools.product(range(b), range(nh), range(h), range(w)):
+    for bi, n, y, x in _pixels(b, nh, h, w, queries):
         logits, values = [], []
         for yy in range(max(0, y - r), min(h, y + r + 1)):
             for xx in range(max(0, x - r), min(w, x + r + 1)):
@@ -148,7 +166,18 @@ def local_self_attention_2d_reference(q, k, v, rel_h, rel_w, kernel_size):
                 values.append(v[bi, n, yy, xx])
         p = torch.softmax(torch.stack(logits), 0)
         out[bi, n, y, x] = (p[:, None] * torch.stack(values)).sum(0)
-    return out
+    return _at(out, queries)
+
+
+def _pixels(b, nh, h, w, queries):
+    """Every ``(image, head, y, x)`` of a map, or those of the pixels ``queries``."""
+    pixels = itertools.product(range(h), range(w)) if queries is None else queries
+    return ((bi, n, y, x) for y, x in pixels for bi in range(b) for n in range(nh))
+
+
+def _at(out, queries):
+    """``out [B, Nh, H, W, dv]``, or its pixels ``queries`` as ``[B, Nh, n, dv]``."""
+    return out if queries is None else torch.stack([out[:, :, y, x] for y, x in queries], dim=2)
 
 
 def local_self_attention_2d_unfold(q, k, v, rel_h, rel_w, kernel_size):
@@ -201,8 +230,9 @@ def block_self_attention_2d_reference(q, k, v, rel_h, rel_w, block_size):
 
 
 # ----------------------------------------------------------------------------- HaloNet
-def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride=1):
-    """HaloNet's blocked local attention pixel by pixel in float64.
+def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, query_stride=1, queries=None):
+    """HaloNet's blocked local attention pixel by pixel in float64 (with ``queries``, ``(y', x')``
+    pixels of the output grid, only those: ``[B, Nh, n, dv]``).
 
     The query at ``(y', x')`` of the ``[ceil(H/s), ceil(W/s)]`` output grid (``s = query_stride``)
     sits at input pixel ``(y, x) = (s y', s x')``; it attends to the in-map keys ``(a, c)`` of its
@@ -215,7 +245,7 @@ def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, qu
     h, w = k.shape[2], k.shape[3]
     q, k, v = q.double(), k.double(), v.double()
     out = torch.zeros(bsz, nh, ho, wo, v.shape[-1], dtype=D)
-    for bi, n, yo, xo in itertools.product(range(bsz), range(nh), range(ho), range(wo)):
+    for bi, n, yo, xo in _pixels(bsz, nh, ho, wo, queries):
         y, x = s * yo, s * xo
         y0, x0 = y // bs * bs, x // bs * bs
         qi = q[bi, n, yo, xo]
@@ -230,4 +260,4 @@ def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, qu
                 values.append(v[bi, n, a, c])
         p = torch.softmax(torch.stack(logits), 0)
         out[bi, n, yo, xo] = (p[:, None] * torch.stack(values)).sum(0)
-    return out
+    return _at(out, queries)
