@@ -7,12 +7,15 @@ Computes :func:`~aadet.layers.functional.logit_tables.attention_with_logit_table
 indicators of ``idx_g[j]`` to ``k``: then ``[q, T] . [k, onehot] = q.k + sum_g T_g[i, idx_g[j]]``
 and the whole logit is one dot product, so
 :func:`torch.nn.functional.scaled_dot_product_attention` runs it with a fused kernel (flash /
-memory-efficient on CUDA, flash on CPU) that never stores the ``[N, Lq, Lk]`` attention matrix.
+memory-efficient on CUDA, flash on CPU) that never stores the ``[N, Lq, Lk]`` attention matrix
+(called through :func:`.sdpa.fused_sdpa`, which shapes it so that a fused kernel can).
 Costs ``sum_g M_g`` extra head dims. SDPA's kernels keep logits and softmax in float32 under
 autocast.
 """
 import torch
 import torch.nn.functional as F
+
+from .sdpa import fused_sdpa
 
 __all__ = ["sdpa_attention_with_logit_tables"]
 
@@ -34,10 +37,4 @@ def sdpa_attention_with_logit_tables(q, k, v, tables, key_index, *, query_chunk:
         k_aug = torch.cat([k, ind.expand(*k.shape[:-1], ind.shape[-1])], dim=-1)  # [N, Lk, d + M]
     else:  # no position term: plain attention
         q_aug, k_aug = q, k
-    dv, dqk = v.shape[-1], q_aug.shape[-1]
-    if q.device.type == "cpu" and dv < dqk:
-        # The CPU flash kernel needs equal head dims for q/k and v; without it SDPA falls back to
-        # the math kernel, which stores the full attention matrix. Zero-padding v is exact.
-        out = F.scaled_dot_product_attention(q_aug, k_aug, F.pad(v, (0, dqk - dv)), scale=1.0)
-        return out[..., :dv]
-    return F.scaled_dot_product_attention(q_aug, k_aug, v, scale=1.0)
+    return fused_sdpa(q_aug, k_aug, v)  # [N, Lq, dv]: 4-D, aligned widths, chunks SDPA's kernels take

@@ -11,8 +11,8 @@ materialized computation) when the bias needs a gradient. SDPA keeps logits and 
 float32 under autocast, the bias in the inputs' dtype.
 """
 import torch
-import torch.nn.functional as F
 
+from .sdpa import fused_sdpa
 from .halonet_blocks import halo_block_terms, halo_geometry, halo_key_windows, halo_unblock
 
 __all__ = ["sdpa_halo_attention"]
@@ -31,5 +31,5 @@ def sdpa_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stri
         mask = torch.zeros(valid.shape, dtype=qb.dtype, device=q.device)
         mask = mask.masked_fill(~valid, float("-inf"))[:, None, :]  # [nblk, 1, L]
         bias = mask if bias is None else bias + mask
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=1.0)
+    out = fused_sdpa(qb, kb, vb, bias)
     return halo_unblock(out, geo)
