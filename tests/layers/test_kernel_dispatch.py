@@ -43,7 +43,7 @@ def test_triton_is_an_impl_of_both_attentions():
 
 def test_importing_aadet_does_not_import_the_kernel_modules():
     kernels = [f"aadet.layers.functional.backends.{m}"
-               for m in ("sasa_triton", "aa_triton", "aa_flex")]
+               for m in ("sasa_triton", "aa_triton", "triton_kernels", "aa_flex")]
     code = f"import sys, aadet; print(any(m in sys.modules for m in {kernels!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

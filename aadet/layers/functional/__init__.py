@@ -4,7 +4,8 @@ Layout (NATTEN's): a public function per computation (the front ends below) chec
 once -- every rule is in :mod:`.checks`, which the layers and the config use too -- and dispatches
 on ``impl`` through its registry to implementations under :mod:`.backends`, one route per file,
 on checked arguments. :mod:`.reference` holds the slow brute-force references every
-implementation is tested (float64-exact) and benchmarked against.
+implementation is tested (float64-exact) and benchmarked against; :mod:`.precision` the one rule
+of the dtype they compute in.
 
 * AA, global relative attention: :func:`relative_self_attention_2d`
   (:mod:`.relative_attention`) builds per-query row/column logit tables and hands them to a route
@@ -14,6 +15,9 @@ implementation is tested (float64-exact) and benchmarked against.
   :data:`~.local_attention.LOCAL_ATTENTION_BACKENDS`).
 * HaloNet, blocked local attention: :func:`halo_attention_2d` (:mod:`.halo_attention`, registry
   :data:`~.halo_attention.HALO_ATTENTION_BACKENDS`); with ``block_size=1`` it is SASA's.
+* CCNet, criss-cross attention (each pixel over its row and column):
+  :func:`criss_cross_attention_2d` (:mod:`.criss_cross`, registry
+  :data:`~.criss_cross.CRISS_CROSS_BACKENDS`).
 * SASA stem, attention within non-overlapping blocks: :func:`block_attention` and the block
   layout (:mod:`.blocks`; small enough to be written out, a single route).
 * Attention probabilities for analysis: :func:`local_attention_probs_2d` (SASA),
@@ -26,7 +30,7 @@ of its routes: the allowed ``impl`` values (``"auto"`` and the route names, chec
 :meth:`~.dispatch.RouteRegistry.check` in the layers and the config), the routes that export,
 and the route lists in the front ends' docstrings and in error messages are all read from it.
 ``"auto"`` is resolved by ``auto_local_attention_impl`` / ``auto_halo_attention_impl`` /
-``auto_logit_table_impl``.
+``auto_logit_table_impl`` / ``auto_criss_cross_attention_impl``.
 
 Adding an implementation is one file and one registry entry. For a local-attention kernel,
 write ``functional/backends/sasa_<name>.py`` with ``fn(q, k, v, rel_h, rel_w, kernel_size) ->
@@ -40,8 +44,9 @@ arrive checked), then add to ``LOCAL_ATTENTION_BACKENDS`` in ``local_attention.p
 For an AA / logit-table route, ``fn(q, k, v, tables, key_index, *, query_chunk) -> out`` (shapes
 of :func:`attention_with_logit_tables`) in ``backends/aa_<name>.py`` and one entry in
 ``LOGIT_TABLE_BACKENDS``; for HaloNet, ``backends/halonet_<name>.py`` and one entry in
-``HALO_ATTENTION_BACKENDS``. The new name is then a valid ``impl`` everywhere (layers, config, and
-the export check if ``exports=True``); make ``auto_*_impl`` pick it where it should be the
+``HALO_ATTENTION_BACKENDS``; for CCNet, ``fn(q, k, v) -> out`` in ``backends/ccnet_<name>.py``
+and one entry in ``CRISS_CROSS_BACKENDS``. The new name is then a valid ``impl`` everywhere
+(layers, config, and the export check if ``exports=True``); make ``auto_*_impl`` pick it where it should be the
 default; the tests compare every registered route with :mod:`.reference`. A backend that needs an
 optional package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import
 aadet`` neither imports it nor needs the package.
@@ -57,6 +62,7 @@ from .blocks import (  # noqa: F401
     blocks_to_map,
     map_to_blocks,
 )
+from .criss_cross import CRISS_CROSS_BACKENDS, criss_cross_attention_2d  # noqa: F401
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting  # noqa: F401
 from .halo_attention import (  # noqa: F401
     HALO_ATTENTION_BACKENDS,

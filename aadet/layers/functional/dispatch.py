@@ -80,8 +80,13 @@ class RouteRegistry(Dict[str, Route]):
         check_one_of(impl, self.impls(), name, error)
 
     def describe(self, indent: str = "") -> str:
-        """One line per route, ``* ``name``: summary`` (appended to the front ends' docstrings)."""
+        """One line per route, ``* ``name``: summary``."""
         return "\n".join(f"{indent}* ``{name}``: {route.summary}" for name, route in self.items())
+
+    def document(self, doc: str, name: str) -> str:
+        """A front end's module docstring ``doc`` followed by its routes (:meth:`describe`), the
+        registry being the module's ``name``."""
+        return f"{doc}\nThe routes (generated from :data:`{name}`):\n\n{self.describe()}\n"
 
 
 def is_exporting() -> bool:

@@ -34,9 +34,6 @@ calls :func:`halo_attention_2d_unchecked` in its forward.
 
 :func:`halo_attention_probs_2d` returns the attention probabilities over each block's window (an
 analysis/test helper).
-
-The routes (generated from :data:`HALO_ATTENTION_BACKENDS`):
-
 """
 from typing import Optional
 
@@ -90,7 +87,7 @@ HALO_ATTENTION_BACKENDS = RouteRegistry("HaloNet blocked attention", {
         "float bias (:mod:`.backends.halonet_sdpa`)",
     ),
 })
-__doc__ += HALO_ATTENTION_BACKENDS.describe() + "\n"
+__doc__ = HALO_ATTENTION_BACKENDS.document(__doc__, "HALO_ATTENTION_BACKENDS")
 
 
 def auto_halo_attention_impl(q: torch.Tensor) -> str:

@@ -38,9 +38,6 @@ together with ``recompute=True`` is an error (:func:`check_recompute`).
 :func:`local_attention_probs_2d` returns the attention probabilities over each window (it does
 store ``k^2`` values per pixel: an analysis/test helper, not a training path). The stem's
 attention within non-overlapping blocks is :mod:`.blocks`.
-
-The routes (generated from :data:`LOCAL_ATTENTION_BACKENDS`):
-
 """
 from typing import Optional
 
@@ -113,7 +110,7 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
         recompute=True,
     ),
 })
-__doc__ += LOCAL_ATTENTION_BACKENDS.describe() + "\n"
+__doc__ = LOCAL_ATTENTION_BACKENDS.document(__doc__, "LOCAL_ATTENTION_BACKENDS")
 
 
 #: Head widths (``dk``, channels per head of ``q``) up to which ``impl="auto"`` runs the C++

@@ -15,9 +15,6 @@ out-of-map entries of the tables set to a large negative number (that is the mas
 these routes (AA's :func:`~.relative_attention.relative_self_attention_2d`, SASA's blocked routes)
 call :func:`logit_table_backend` / the route functions directly, on arguments they have checked.
 All keep logits and softmax in float32 under autocast.
-
-The routes (generated from :data:`LOGIT_TABLE_BACKENDS`):
-
 """
 from typing import Callable, List
 
@@ -77,7 +74,7 @@ LOGIT_TABLE_BACKENDS = RouteRegistry("attention with logit tables", {
         cuda=False,
     ),
 })
-__doc__ += LOGIT_TABLE_BACKENDS.describe() + "\n"
+__doc__ = LOGIT_TABLE_BACKENDS.document(__doc__, "LOGIT_TABLE_BACKENDS")
 
 
 def auto_logit_table_impl(q: torch.Tensor) -> str:

@@ -23,7 +23,8 @@ route what it does; which route is which is in the registries, each with a one-l
 * ``stem_cpp.py``: SASA's attention stem in its own fused kernel (no registry: the stem picks it
   by its ``impl``).
 
-The C++ kernels (``csrc/<family>_cpu.cpp``) are built and cached by :mod:`.cpu_kernels`.
+The C++ kernels (``csrc/<family>_cpu.cpp``) are built and cached by :mod:`.cpu_kernels`; what the
+Triton kernels share (triton's presence and mode, the dtypes they take) is :mod:`.triton_kernels`.
 
 The Triton and flex modules are imported on first use (:func:`~..dispatch.lazy_backend`), never by
 ``import aadet``; they also have public entry points with their own checks, for direct calls.

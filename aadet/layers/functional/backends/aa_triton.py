@@ -38,26 +38,15 @@ float16 or bfloat16 ``q, k, v`` (one dtype), tables in float32 (any float dtype 
 their gradients come back in their own dtype). Any ``H, W, dk, dv``: head dims are padded to powers
 of two with masks.
 
-Devices: CUDA (compiled by Triton). On CPU the kernels run under Triton's interpreter when
-``TRITON_INTERPRET=1`` was set before triton was first imported (slow: for tests). The mode is
-fixed per process: triton decorates its own library (``tl.sum``, ``tl.zeros``) at import, and
-interpreted and compiled functions do not mix (``TRITON_INTERPRETED`` says which it is).
+Devices: CUDA (compiled by Triton), or CPU under Triton's interpreter (slow: for tests), as
+:mod:`.triton_kernels` describes (``TRITON_INTERPRETED`` says which).
 """
 import math
 
 import torch
 
 from ..checks import check_row_col_tables, row_col_tables_from_index
-
-try:  # Triton is optional: the SDPA and materialized routes need none.
-    import triton
-    import triton.language as tl
-
-    TRITON_AVAILABLE = True
-except ImportError:  # pragma: no cover - exercised only on machines without triton
-    triton = None
-    tl = None
-    TRITON_AVAILABLE = False
+from .triton_kernels import TRITON_AVAILABLE, TRITON_DTYPES, TRITON_INTERPRETED, jit, tl, triton
 
 __all__ = [
     "TRITON_AVAILABLE",
@@ -66,9 +55,6 @@ __all__ = [
     "triton_attention_with_logit_tables",
     "triton_attention_with_row_col_tables",
 ]
-
-# Input dtypes of q, k, v the kernels accept (the one definition).
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Default tile sizes: queries per program, key slots per tile (target), widest column chunk.
 BLOCK_M = 64
@@ -80,29 +66,6 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis (the (batch, head) p
 
 def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _interpreted() -> bool:
-    """Whether triton was imported under its interpreter: its own library functions (``tl.sum``,
-    ``tl.zeros``, ...) are then interpreted functions, and ours must be too (the two modes do not
-    mix in one process)."""
-    return TRITON_AVAILABLE and type(tl.zeros).__name__ == "InterpretedFunction"
-
-
-# Whether the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` when triton was
-# first imported); fixed for the process.
-TRITON_INTERPRETED = _interpreted()
-
-
-def _jit(fn):
-    """``triton.jit`` in the mode triton itself was imported in."""
-    if TRITON_INTERPRETED:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(fn)
-    from triton.runtime.jit import JITFunction
-
-    return JITFunction(fn)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -121,7 +84,35 @@ if TRITON_AVAILABLE:
             c = tl.dot(a, b)  # half operands: tensor cores, float32 accumulation
         return c
 
-    _mm = _jit(_mm)
+    _mm = jit(_mm)
+
+    def _rows(X, n, L, D, idx, offs, ok):
+        """``[len(idx), D_PAD]``: rows ``idx`` of the ``[L, D]`` matrix of (batch, head) ``n``
+        (columns ``offs``), 0 where not ``ok`` or past ``D``."""
+        return tl.load(X + n * L * D + idx[:, None] * D + offs[None, :],
+                       mask=ok[:, None] & (offs[None, :] < D), other=0.0)
+
+    _rows = jit(_rows)
+
+    def _store_rows(X, n, L, D, idx, offs, ok, val):
+        """Writes ``val`` (in ``X``'s dtype) to the rows :func:`_rows` reads."""
+        tl.store(X + n * L * D + idx[:, None] * D + offs[None, :], val.to(X.dtype.element_ty),
+                 mask=ok[:, None] & (offs[None, :] < D))
+
+    _store_rows = jit(_store_rows)
+
+    def _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok,
+                HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr, OP_F32: tl.constexpr):
+        """``[BM, BN]`` logits of queries ``offs_m`` against the keys of a tile (image rows
+        ``rows``, columns ``cols``): ``q . k`` plus the row and column tables' entries."""
+        s = _mm(q, tl.trans(k), OP_F32)
+        if HAS_ROW:
+            s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :], mask=qk_ok, other=0.0)
+        if HAS_COL:
+            s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :], mask=qk_ok, other=0.0)
+        return s
+
+    _logits = jit(_logits)
 
     def _fwd_kernel(
         Q, K, V, TR, TC, O, LSE,
@@ -141,10 +132,7 @@ if TRITON_AVAILABLE:
         slot_r = slot // BLOCK_W
         slot_c = slot % BLOCK_W
 
-        q = tl.load(
-            Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
-            mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0,
-        )  # [BM, D_PAD]
+        q = _rows(Q, n, L, DK, offs_m, offs_d, m_ok)  # [BM, D_PAD]
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
@@ -154,35 +142,19 @@ if TRITON_AVAILABLE:
                 rows = r0 + slot_r
                 kv_ok = (rows < H) & (cols < W)  # [BN]
                 keys = rows * W + cols
-                k = tl.load(
-                    K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
-                    mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0,
-                )  # [BN, D_PAD]
-                s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN] float32
+                k = _rows(K, n, L, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
                 qk_ok = m_ok[:, None] & kv_ok[None, :]
-                if HAS_ROW:
-                    s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
-                                 mask=qk_ok, other=0.0)
-                if HAS_COL:
-                    s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
-                                 mask=qk_ok, other=0.0)
+                s = _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok, HAS_ROW, HAS_COL, OP_F32)
                 s = tl.where(kv_ok[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
                 alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
                 p = tl.exp2((s - m_new[:, None]) * 1.4426950408889634)  # [BM, BN]
                 l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(
-                    V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
-                    mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0,
-                )  # [BN, DV_PAD]
+                v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
                 acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, OP_F32)
                 m_i = m_new
         out = acc / l_i[:, None]
-        tl.store(
-            O + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
-            out.to(O.dtype.element_ty),
-            mask=m_ok[:, None] & (offs_dv[None, :] < DV),
-        )
+        _store_rows(O, n, L, DV, offs_m, offs_dv, m_ok, out)
         tl.store(LSE + n * L + offs_m, m_i + tl.log(l_i), mask=m_ok)
 
     def _bwd_dkdv_kernel(
@@ -204,39 +176,27 @@ if TRITON_AVAILABLE:
         cols = c0 + slot % BLOCK_W
         kv_ok = (rows < H) & (cols < W)
         keys = rows * W + cols
-        k = tl.load(K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
-                    mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0)  # [BN, D_PAD]
-        v = tl.load(V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
-                    mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # [BN, DV_PAD]
+        k = _rows(K, n, L, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
+        v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
         dk = tl.zeros([ROWS * BLOCK_W, D_PAD], tl.float32)
         dv = tl.zeros([ROWS * BLOCK_W, DV_PAD], tl.float32)
         for m0 in range(0, L, BLOCK_M):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             m_ok = offs_m < L
             qk_ok = m_ok[:, None] & kv_ok[None, :]
-            q = tl.load(Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
-                        mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0)  # [BM, D_PAD]
-            do = tl.load(DO + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
-                         mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # [BM, DV_PAD]
+            q = _rows(Q, n, L, DK, offs_m, offs_d, m_ok)  # [BM, D_PAD]
+            do = _rows(DO, n, L, DV, offs_m, offs_dv, m_ok)  # [BM, DV_PAD]
             lse = tl.load(LSE + n * L + offs_m, mask=m_ok, other=0.0)
             delta = tl.load(DELTA + n * L + offs_m, mask=m_ok, other=0.0)
-            s = _mm(q, tl.trans(k), OP_F32)  # [BM, BN]
-            if HAS_ROW:
-                s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
-                             mask=qk_ok, other=0.0)
-            if HAS_COL:
-                s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
-                             mask=qk_ok, other=0.0)
+            s = _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok, HAS_ROW, HAS_COL, OP_F32)
             p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
             p = tl.where(qk_ok, p, 0.0)  # [BM, BN] probabilities
             dv += _mm(tl.trans(p.to(do.dtype)), do, OP_F32)
             dp = _mm(do, tl.trans(v), OP_F32)  # [BM, BN]
             ds = p * (dp - delta[:, None])  # d loss / d logits
             dk += _mm(tl.trans(ds.to(q.dtype)), q, OP_F32)
-        tl.store(DKEY + n * L * DK + keys[:, None] * DK + offs_d[None, :],
-                 dk.to(DKEY.dtype.element_ty), mask=kv_ok[:, None] & (offs_d[None, :] < DK))
-        tl.store(DVAL + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
-                 dv.to(DVAL.dtype.element_ty), mask=kv_ok[:, None] & (offs_dv[None, :] < DV))
+        _store_rows(DKEY, n, L, DK, keys, offs_d, kv_ok, dk)
+        _store_rows(DVAL, n, L, DV, keys, offs_dv, kv_ok, dv)
 
     def _bwd_dq_kernel(
         Q, K, V, TR, TC, DO, LSE, DELTA, DQ, DTR, DTC,
@@ -260,10 +220,8 @@ if TRITON_AVAILABLE:
         slot_c = slot % BLOCK_W
         tile_rows = tl.arange(0, ROWS)
         tile_cols = tl.arange(0, BLOCK_W)
-        q = tl.load(Q + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
-                    mask=m_ok[:, None] & (offs_d[None, :] < DK), other=0.0)
-        do = tl.load(DO + n * L * DV + offs_m[:, None] * DV + offs_dv[None, :],
-                     mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        q = _rows(Q, n, L, DK, offs_m, offs_d, m_ok)
+        do = _rows(DO, n, L, DV, offs_m, offs_dv, m_ok)
         lse = tl.load(LSE + n * L + offs_m, mask=m_ok, other=0.0)
         delta = tl.load(DELTA + n * L + offs_m, mask=m_ok, other=0.0)
         dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
@@ -275,17 +233,9 @@ if TRITON_AVAILABLE:
                 kv_ok = (rows < H) & (cols < W)
                 qk_ok = m_ok[:, None] & kv_ok[None, :]
                 keys = rows * W + cols
-                k = tl.load(K + n * L * DK + keys[:, None] * DK + offs_d[None, :],
-                            mask=kv_ok[:, None] & (offs_d[None, :] < DK), other=0.0)
-                v = tl.load(V + n * L * DV + keys[:, None] * DV + offs_dv[None, :],
-                            mask=kv_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-                s = _mm(q, tl.trans(k), OP_F32)
-                if HAS_ROW:
-                    s += tl.load(TR + n * L * H + offs_m[:, None] * H + rows[None, :],
-                                 mask=qk_ok, other=0.0)
-                if HAS_COL:
-                    s += tl.load(TC + n * L * W + offs_m[:, None] * W + cols[None, :],
-                                 mask=qk_ok, other=0.0)
+                k = _rows(K, n, L, DK, keys, offs_d, kv_ok)
+                v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)
+                s = _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok, HAS_ROW, HAS_COL, OP_F32)
                 p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
                 p = tl.where(qk_ok, p, 0.0)
                 dp = _mm(do, tl.trans(v), OP_F32)
@@ -306,10 +256,9 @@ if TRITON_AVAILABLE:
                 c_idx = c0 + tile_cols
                 tl.store(DTC + n * L * W + offs_m[:, None] * W + c_idx[None, :], dt_col,
                          mask=m_ok[:, None] & (c_idx[None, :] < W))
-        tl.store(DQ + n * L * DK + offs_m[:, None] * DK + offs_d[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < DK))
+        _store_rows(DQ, n, L, DK, offs_m, offs_d, m_ok, dq)
 
-    _KERNELS = {"fwd": _jit(_fwd_kernel), "dkdv": _jit(_bwd_dkdv_kernel), "dq": _jit(_bwd_dq_kernel)}
+    _KERNELS = {"fwd": jit(_fwd_kernel), "dkdv": jit(_bwd_dkdv_kernel), "dq": jit(_bwd_dq_kernel)}
 
 
 # ----------------------------------------------------------------------------- launch

@@ -64,15 +64,7 @@ from typing import Optional
 import torch
 
 from ..checks import check_local_attention
-
-try:  # optional dependency: the module must import where Triton is absent
-    import triton
-    import triton.language as tl
-
-    TRITON_AVAILABLE = True
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = tl = None
-    TRITON_AVAILABLE = False
+from .triton_kernels import TRITON_AVAILABLE, TRITON_DTYPES, TRITON_INTERPRETED, jit, tl, triton
 
 __all__ = [
     "TRITON_AVAILABLE",
@@ -81,14 +73,13 @@ __all__ = [
     "triton_local_attention",
 ]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NUM_WARPS = 4
 _ELEMENTS_PER_THREAD = 4
 
 
 if TRITON_AVAILABLE:
 
-    @triton.jit
+    @jit
     def _gather(base, row, yy, xx, s_y, s_x, s_c, ch, valid, ch_mask):
         """``[BLOCK_P, D_PAD]`` float32 rows at pixels ``(yy, xx)`` of the maps starting at
         ``base + row`` (one offset per row: its image and head); 0 where ``valid`` is False or past
@@ -96,7 +87,7 @@ if TRITON_AVAILABLE:
         ptr = base + (row + yy * s_y + xx * s_x)[:, None] + ch[None, :] * s_c
         return tl.load(ptr, mask=valid[:, None] & ch_mask[None, :], other=0.0).to(tl.float32)
 
-    @triton.jit
+    @jit
     def _rel_vector(RH, RW, a, c, ch, DK, DH):
         """``cat(rel_h[a], rel_w[c])`` as one ``[DK_PAD]`` float32 vector: the relative logit of
         window offset ``(a, c)`` is ``q . _rel_vector`` (rel_h pairs with q's first ``DH``
@@ -105,7 +96,38 @@ if TRITON_AVAILABLE:
         rw = tl.load(RW + c * (DK - DH) + (ch - DH), mask=(ch >= DH) & (ch < DK), other=0.0)
         return rh + rw.to(tl.float32)
 
-    @triton.jit
+    @jit
+    def _layout(NUM_PIX, NH, H, W, DK, DV, BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr,
+                DV_PAD: tl.constexpr):
+        """What a program works on, the same in the three kernels: its ``[BLOCK_P]`` pixels of the
+        flattened ``[B * Nh, H, W]`` maps (a block may span two heads) -- flat index ``p``, its
+        mask ``p < NUM_PIX``, map ``n``, row ``y``, column ``x``, image ``bi``, head ``hi`` -- and
+        the channels of ``q, k`` (``ck`` and its mask ``ck < DK``) and of ``v`` (``cv``, ``cv < DV``),
+        padded to powers of two."""
+        hw = H * W
+        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+        n = p // hw
+        pix = (p - n * hw).to(tl.int32)
+        bi = n // NH
+        ck = tl.arange(0, DK_PAD)
+        cv = tl.arange(0, DV_PAD)
+        return p, p < NUM_PIX, n, pix // W, pix % W, bi, n - bi * NH, ck, ck < DK, cv, cv < DV
+
+    @jit
+    def _window_key(K, k_row, sk2, sk3, sk4, RH, RW, y, x, a, c, R, H, W, pmask, ck, ckm, DK, DH,
+                    HAS_REL: tl.constexpr):
+        """Window offset ``(a, c)`` of the queries ``(y, x)``: the key pixel ``(yy, xx) = (y + a - R,
+        x + c - R)``, whether it is a key (``valid``: in the map, for a query in range) and its row
+        plus the offset's relative vector (``kk``: its dot product with ``q`` is the whole logit)."""
+        yy = y + (a - R)
+        xx = x + (c - R)
+        valid = pmask & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        kk = _gather(K, k_row, yy, xx, sk2, sk3, sk4, ck, valid, ckm)
+        if HAS_REL:
+            kk = kk + _rel_vector(RH, RW, a, c, ck, DK, DH)[None, :]
+        return yy, xx, valid, kk
+
+    @jit
     def _fwd_kernel(
         Q, K, V, RH, RW, O, LSE,
         sq0, sq1, sq2, sq3, sq4,
@@ -116,20 +138,8 @@ if TRITON_AVAILABLE:
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
         R = KS // 2
-        hw = H * W
-        # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
-        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = p < NUM_PIX
-        n = p // hw
-        pix = (p - n * hw).to(tl.int32)
-        y = pix // W
-        x = pix % W
-        bi = n // NH
-        hi = n - bi * NH
-        ck = tl.arange(0, DK_PAD)
-        cv = tl.arange(0, DV_PAD)
-        ckm = ck < DK
-        cvm = cv < DV
+        p, pmask, n, y, x, bi, hi, ck, ckm, cv, cvm = _layout(
+            NUM_PIX, NH, H, W, DK, DV, BLOCK_P, DK_PAD, DV_PAD)
         k_row = bi * sk0 + hi * sk1
         v_row = bi * sv0 + hi * sv1
         q = _gather(Q, bi * sq0 + hi * sq1, y, x, sq2, sq3, sq4, ck, pmask, ckm)  # [BLOCK_P, DK_PAD]
@@ -137,14 +147,9 @@ if TRITON_AVAILABLE:
         l = tl.full([BLOCK_P], 0.0, tl.float32)  # running sum of exp(logit - m)
         acc = tl.full([BLOCK_P, DV_PAD], 0.0, tl.float32)
         for a in range(KS):
-            yy = y + (a - R)
-            row_ok = pmask & (yy >= 0) & (yy < H)
             for c in range(KS):
-                xx = x + (c - R)
-                valid = row_ok & (xx >= 0) & (xx < W)
-                kk = _gather(K, k_row, yy, xx, sk2, sk3, sk4, ck, valid, ckm)
-                if HAS_REL:
-                    kk = kk + _rel_vector(RH, RW, a, c, ck, DK, DH)[None, :]
+                yy, xx, valid, kk = _window_key(
+                    K, k_row, sk2, sk3, sk4, RH, RW, y, x, a, c, R, H, W, pmask, ck, ckm, DK, DH, HAS_REL)
                 s = tl.where(valid, tl.sum(q * kk, 1), float("-inf"))
                 m_new = tl.maximum(m, s)
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no in-map key seen yet
@@ -160,7 +165,7 @@ if TRITON_AVAILABLE:
                  mask=pmask[:, None] & cvm[None, :])
         tl.store(LSE + p, m + tl.log(l_safe), mask=pmask)
 
-    @triton.jit
+    @jit
     def _bwd_query_kernel(
         Q, K, V, RH, RW, O, DO, LSE, DELTA, DQ, DRH, DRW,
         sq0, sq1, sq2, sq3, sq4,
@@ -172,39 +177,22 @@ if TRITON_AVAILABLE:
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
         R = KS // 2
-        hw = H * W
-        # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
-        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = p < NUM_PIX
-        n = p // hw
-        pix = (p - n * hw).to(tl.int32)
-        y = pix // W
-        x = pix % W
-        bi = n // NH
-        hi = n - bi * NH
-        ck = tl.arange(0, DK_PAD)
-        cv = tl.arange(0, DV_PAD)
-        ckm = ck < DK
-        cvm = cv < DV
+        p, pmask, n, y, x, bi, hi, ck, ckm, cv, cvm = _layout(
+            NUM_PIX, NH, H, W, DK, DV, BLOCK_P, DK_PAD, DV_PAD)
         k_row = bi * sk0 + hi * sk1
         v_row = bi * sv0 + hi * sv1
         q = _gather(Q, bi * sq0 + hi * sq1, y, x, sq2, sq3, sq4, ck, pmask, ckm)
         do = _gather(DO, bi * sd0 + hi * sd1, y, x, sd2, sd3, sd4, cv, pmask, cvm)
-        o = _gather(O, n * hw * DV, y, x, W * DV, DV, 1, cv, pmask, cvm)
+        o = _gather(O, n * (H * W) * DV, y, x, W * DV, DV, 1, cv, pmask, cvm)
         lse = tl.load(LSE + p, mask=pmask, other=0.0)
         delta = tl.sum(do * o, 1)  # sum over the window of p * dp, written for pass 2
         tl.store(DELTA + p, delta, mask=pmask)
         dq = tl.full([BLOCK_P, DK_PAD], 0.0, tl.float32)
         for a in range(KS):
-            yy = y + (a - R)
-            row_ok = pmask & (yy >= 0) & (yy < H)
             g_row = tl.full([DK_PAD], 0.0, tl.float32)
             for c in range(KS):
-                xx = x + (c - R)
-                valid = row_ok & (xx >= 0) & (xx < W)
-                kk = _gather(K, k_row, yy, xx, sk2, sk3, sk4, ck, valid, ckm)
-                if HAS_REL:
-                    kk = kk + _rel_vector(RH, RW, a, c, ck, DK, DH)[None, :]
+                yy, xx, valid, kk = _window_key(
+                    K, k_row, sk2, sk3, sk4, RH, RW, y, x, a, c, R, H, W, pmask, ck, ckm, DK, DH, HAS_REL)
                 pr = tl.where(valid, tl.exp(tl.sum(q * kk, 1) - lse), 0.0)
                 vv = _gather(V, v_row, yy, xx, sv2, sv3, sv4, cv, valid, cvm)
                 ds = pr * (tl.sum(do * vv, 1) - delta)  # d loss / d logit
@@ -220,7 +208,7 @@ if TRITON_AVAILABLE:
             tl.store(DQ + p[:, None] * DK + ck[None, :], dq.to(DQ.dtype.element_ty),
                      mask=pmask[:, None] & ckm[None, :])
 
-    @triton.jit
+    @jit
     def _bwd_key_kernel(
         Q, K, V, RH, RW, DO, LSE, DELTA, DK_OUT, DV_OUT,
         sq0, sq1, sq2, sq3, sq4,
@@ -232,20 +220,8 @@ if TRITON_AVAILABLE:
         BLOCK_P: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     ):
         R = KS // 2
-        hw = H * W
-        # [BLOCK_P] pixels of the flattened [B * Nh, H, W] maps (a block may span two heads)
-        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-        pmask = p < NUM_PIX
-        n = p // hw
-        pix = (p - n * hw).to(tl.int32)
-        y = pix // W
-        x = pix % W
-        bi = n // NH
-        hi = n - bi * NH
-        ck = tl.arange(0, DK_PAD)
-        cv = tl.arange(0, DV_PAD)
-        ckm = ck < DK
-        cvm = cv < DV
+        p, pmask, n, y, x, bi, hi, ck, ckm, cv, cvm = _layout(
+            NUM_PIX, NH, H, W, DK, DV, BLOCK_P, DK_PAD, DV_PAD)
         q_row = bi * sq0 + hi * sq1
         do_row = bi * sd0 + hi * sd1
         k_own = _gather(K, bi * sk0 + hi * sk1, y, x, sk2, sk3, sk4, ck, pmask, ckm)
@@ -278,14 +254,6 @@ if TRITON_AVAILABLE:
             tl.store(DV_OUT + p[:, None] * DV + cv[None, :], dv.to(DV_OUT.dtype.element_ty),
                      mask=pmask[:, None] & cvm[None, :])
 
-    # Triton decides compiled or interpreted when it is imported (its own library functions,
-    # tl.sum among them, are decorated then): the interpreter needs TRITON_INTERPRET=1 before
-    # the first `import triton` of the process.
-    TRITON_INTERPRETED = type(_fwd_kernel).__name__ == "InterpretedFunction" and (
-        type(tl.sum).__name__ == "InterpretedFunction"
-    )
-else:  # pragma: no cover
-    TRITON_INTERPRETED = False
 
 
 def _launch_config(q, v, kernel_size, rel_h, block_pixels):
@@ -391,9 +359,9 @@ def launch_triton_local_attention(
         raise ValueError("triton_local_attention needs the 'triton' package (pip install triton)")
     tensors = [t for t in (q, k, v, rel_h, rel_w) if t is not None]
     for name, t in zip(("q", "k", "v", "rel_h", "rel_w"), tensors):
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in TRITON_DTYPES:
             raise ValueError(
-                f"triton_local_attention supports {[str(d) for d in SUPPORTED_DTYPES]} (float32 "
+                f"triton_local_attention supports {[str(d) for d in TRITON_DTYPES]} (float32 "
                 f"math inside); got {name}.dtype={t.dtype} (use impl='neighborhood' for float64)"
             )
     if block_pixels is not None and (
