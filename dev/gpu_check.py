@@ -7,10 +7,14 @@
     python dev/gpu_check.py --report-only --out DIR  # merge stage_*.json of separate runs
     python dev/gpu_check.py --report-only --allow-stale --out DIR  # ... some of another commit
 
-Stages, in order (``dev/aadet_dev/gpu_report.py`` names them; each has a time budget,
-``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
+Stages, in order of what they tell (``dev/aadet_dev/gpu_report.py`` names them; each has a time
+budget, ``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
 
-1. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
+1. ``sweep``: ``dev/gpu_sweep.py`` (``dev/aadet_dev/sweep.py``) into ``OUT/sweep.jsonl``: every
+   attention layer shape of the COCO configs at 640x640, batch 8, by every CUDA route of its
+   family and a 3x3 conv, fp32 / bf16 / fp16: finite, agreeing with the float64 brute force on a
+   sample, time and peak memory; a failing case bisected over SDPA's backends.
+2. ``tests``: ``pytest -m cuda`` (``tests/layers/test_cuda.py``: every attention route in fp32 and
    under bf16 / fp16 autocast against the float64 brute force on the GPU, and the ``cuda`` cases
    of the other test files, the compiled Triton kernels among them), in ``--test-workers``
    pytest-xdist processes; its junit XML is parsed into the report, or where the run was cut
@@ -18,14 +22,11 @@ Stages, in order (``dev/aadet_dev/gpu_report.py`` names them; each has a time bu
    passes only if CUDA tests ran and all passed: a skipped CUDA test fails it (the report lists
    each skip and its reason). Every test that needs CUDA carries the ``cuda`` marker
    (``dev/tests/test_gpu_check.py`` checks it), so ``-m cuda`` selects them all.
-2. ``configs``: every config under ``configs/`` built on the device and trained ``--iters``
-   iterations in fp32 and in bf16 autocast on a synthetic batch (``--size``, ``--batch``), with
-   the config's optimizer and LR schedule: every loss and gradient finite, peak memory recorded.
-   One process per config (an error or OOM in one does not touch the others).
-3. ``demo``: the demo data (``datasets/prepare_trees.py``, the deepforest wheel taken from
-   ``--wheelhouse`` on a machine without a package index) and a short real training of the four
-   demo configs with ``tools/train_net.py`` (``--demo-epochs``), their COCO AP on each dataset
-   of the configs' ``DATASETS.TEST``: ``trees_val`` (where choices are made) and ``trees_test``.
+3. ``configs``: every config under ``configs/`` built on the device and trained ``--iters`` (20)
+   iterations in fp32 and in bf16 autocast on a synthetic batch at its own training size
+   (:func:`training_shape`: COCO 640x640, batch 8; ``--size`` / ``--batch`` override), with the
+   config's optimizer and LR schedule: every loss and gradient finite, peak memory recorded. One
+   process per config (an error or OOM in one does not touch the others).
 4. ``benchmarks``: ``tools/benchmark.py`` on the conv R50 baseline, AA-R50, SASA-backbone R50
    and all-attention R50 COCO configs (640x640, batch 8, fp32 and bf16 autocast) and
    ``dev/benchmark_layers.py`` (SASA layer, 256 ch, k 7, vs a 3x3 conv) -> ``--bench-json``
@@ -40,6 +41,14 @@ Stages, in order (``dev/aadet_dev/gpu_report.py`` names them; each has a time bu
    run at it, whose stage passed, writes ``--bench-json``; anything else (``--quick``, fewer
    iterations, a failed case, a precision not measured) goes to
    ``WORK_DIR/benchmarks_cuda.scratch.json``, whose ``"scratch"`` says why it is not the record.
+5. ``demo``: the demo data (``datasets/prepare_trees.py``, the deepforest wheel taken from
+   ``--wheelhouse`` on a machine without a package index) and a short real training of the four
+   demo configs with ``tools/train_net.py`` (``--demo-epochs``), their COCO AP on each dataset
+   of the configs' ``DATASETS.TEST``: ``trees_val`` (where choices are made) and ``trees_test``.
+
+``--resume DIR`` (a lent machine's second call): an earlier run's stage files and sweep rows are
+copied into OUT; its stages that passed are not run again, the sweep and the configs stage go on
+from the cases it finished. ``--plan`` prints the lent machine's calls (``gpu_report.LOAN_PLAN``).
 
 Every stage writes ``<out>/stage_<name>.json`` with the device it ran on, the git commit and
 whether the tree was clean; after the stages run, every ``stage_*.json`` in ``<out>`` is merged
@@ -58,10 +67,10 @@ verified file by file (``dev/aadet_dev/checkout.py``).
 
 Without a package index (a lent GPU machine: Python 3.12 with its own CUDA torch, 10 minutes a
 command): ``dev/gpu_loan.sh`` prepares the wheel folder and the manifest here and runs the
-stages there, in two calls (docs/gpu_check.md).
+stages there, in two calls on one machine start (docs/gpu_check.md).
 
-``--device cpu`` is a dry run of the ``configs`` stage on a machine without CUDA (what the CPU
-unit test runs): it exits 1, its stage never counts; every other stage needs CUDA and says so.
+``--device cpu`` is a dry run of the ``sweep`` and ``configs`` stages on a machine without CUDA (what
+the CPU unit tests run): it exits 1, its stages never count; every other stage needs CUDA and says so.
 """
 
 import argparse
