@@ -46,10 +46,10 @@ of :func:`attention_with_logit_tables`) in ``backends/aa_<name>.py`` and one ent
 ``LOGIT_TABLE_BACKENDS``; for HaloNet, ``backends/halonet_<name>.py`` and one entry in
 ``HALO_ATTENTION_BACKENDS``; for CCNet, ``fn(q, k, v) -> out`` in ``backends/ccnet_<name>.py``
 and one entry in ``CRISS_CROSS_BACKENDS``. The new name is then a valid ``impl`` everywhere
-(layers, config, and the export check if ``exports=True``); make ``auto_*_impl`` pick it where it should be the
-default; the tests compare every registered route with :mod:`.reference`. A backend that needs an
-optional package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so that ``import
-aadet`` neither imports it nor needs the package.
+(layers, config, and the export check if ``exports=True``); make ``auto_*_impl`` pick it where it
+should be the default; the tests compare every registered route with :mod:`.reference`. A backend
+that needs an optional package (Triton) is registered through :func:`~.dispatch.lazy_backend`, so
+that ``import aadet`` neither imports it nor needs the package.
 """
 from .backends.sasa_blocked import MASK_VALUE  # noqa: F401
 from .blocks import (  # noqa: F401

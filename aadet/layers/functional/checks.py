@@ -23,6 +23,7 @@ __all__ = [
     "check_block_attention",
     "check_bool",
     "check_block_map",
+    "check_criss_cross_attention",
     "check_block_size",
     "check_grid_width",
     "check_halo_attention",
@@ -304,6 +305,34 @@ def check_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_str
             f"{rel_h.shape[0]}"
         )
     return rows
+
+
+# ----------------------------------------------------------------------------- CCNet
+def check_criss_cross_attention(q, k, v) -> None:
+    """The arguments of CCNet's criss-cross attention (``criss_cross_attention_2d``): ``q, k [B,
+    Nh, H, W, d]`` and ``v [B, Nh, H, W, dv]`` with ``H, W, d, dv >= 1``, of one floating dtype
+    and on one device."""
+    if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
+        raise ValueError(
+            "q, k, v must be [B, Nh, H, W, d]; got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(
+            f"v must be [B, Nh, H, W, dv] with q's first four dims {tuple(q.shape[:-1])}; "
+            f"got {tuple(v.shape)}"
+        )
+    if min(q.shape[2], q.shape[3], q.shape[4], v.shape[4]) < 1:
+        raise ValueError(
+            f"q and v must have H, W, d, dv >= 1; got {tuple(q.shape)} and {tuple(v.shape)}"
+        )
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q, k, v must be floating point; got {q.dtype}")
+    check_one_dtype(q, k, v)
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
 # ----------------------------------------------------------------------------- AA

@@ -18,6 +18,9 @@ used by the layers.
 * HaloNet blocked local attention (Vaswani et al. 2021, Sec. 2.2, Figure 1):
   :func:`halo_attention_2d_reference`, pixel by pixel over the in-map part of each block's
   haloed window, strided queries (attention downsampling) included.
+* CCNet criss-cross attention (Huang et al. 2019, Sec. 3.2):
+  :func:`criss_cross_attention_2d_reference`, pixel by pixel over the pixel's column and row,
+  the pixel itself once.
 
 The pixel-loop references compute in float64 and return float64 (gradients flow through them);
 the vectorized ones compute in their inputs' dtype. Shapes and offset conventions are those of
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "block_self_attention_2d_reference",
+    "criss_cross_attention_2d_reference",
     "halo_attention_2d_reference",
     "local_self_attention_2d_reference",
     "local_self_attention_2d_unfold",
@@ -260,4 +264,21 @@ def halo_attention_2d_reference(q, k, v, rel_h, rel_w, block_size, halo_size, qu
                 values.append(v[bi, n, a, c])
         p = torch.softmax(torch.stack(logits), 0)
         out[bi, n, yo, xo] = (p[:, None] * torch.stack(values)).sum(0)
+    return _at(out, queries)
+
+
+# ----------------------------------------------------------------------------- CCNet
+def criss_cross_attention_2d_reference(q, k, v, queries=None):
+    """CCNet's criss-cross attention pixel by pixel in float64: query ``(y, x)`` over the keys of
+    its column ``(a, x)``, every ``a``, and of its row ``(y, c)``, every ``c != x`` (``H + W - 1``
+    keys, itself once); ``[B, Nh, H, W, dv]``, or with ``queries`` (``(y, x)`` pixels) only
+    those, ``[B, Nh, n, dv]``."""
+    b, nh, h, w, _ = q.shape
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(b, nh, h, w, v.shape[-1], dtype=D)
+    for bi, n, y, x in _pixels(b, nh, h, w, queries):
+        keys = [(a, x) for a in range(h)] + [(y, c) for c in range(w) if c != x]
+        logits = torch.stack([q[bi, n, y, x] @ k[bi, n, a, c] for a, c in keys])
+        p = torch.softmax(logits, 0)
+        out[bi, n, y, x] = (p[:, None] * torch.stack([v[bi, n, a, c] for a, c in keys])).sum(0)
     return _at(out, queries)
