@@ -24,6 +24,8 @@ Papers:
   SASA -- Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
   Halo -- Vaswani et al., "Scaling Local Self-Attention for Parameter Efficient Visual
           Backbones" (HaloNet), CVPR 2021.
+  CCNet -- Huang et al., "CCNet: Criss-Cross Attention for Semantic Segmentation", ICCV 2019 /
+          TPAMI 2020.
 """
 import difflib
 import inspect
@@ -37,6 +39,7 @@ from .layers import (
     AugmentedConv2d,
     HaloSelfAttention2d,
     LocalSelfAttention2d,
+    RecurrentCrissCrossAttention,
     SpatiallyAwareAttentionStem,
 )
 from .layers.augmented_conv import KAPPA_RANGE, NU_RANGE
@@ -49,6 +52,7 @@ from .layers.functional.checks import (
     check_kernel_size,
     check_one_of,
 )
+from .layers.functional.criss_cross import CRISS_CROSS_BACKENDS
 from .layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from .layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS, check_recompute
 from .layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
@@ -70,6 +74,8 @@ __all__ = [
     "check_aa_config",
     "check_sasa_config",
     "check_halo_config",
+    "check_ccnet_config",
+    "CCNET_STAGES",
     "check_compile_config",
     "check_recipe_values",
 ]
@@ -85,6 +91,11 @@ _UNIT_OPEN_TOP = Interval(0.0, 1.0, low_closed=True)  # [0, 1)
 _POSITIVE = Interval(0.0)  # > 0
 _AT_LEAST_0 = Interval(0.0, low_closed=True)  # >= 0
 _AT_LEAST_1 = Interval(1.0, low_closed=True)  # >= 1
+#: MODEL.CCNET.STAGE: the ResNet stages the RCCA module may stand in (before the stage's last
+#: block). Checked here when the config loads, as no builder reads the key yet; the names are
+#: aadet.modeling.backbone.resnet_stages.STAGE_NAMES, which this module sits below
+#: (tests/layers/test_criss_cross.py checks that they agree).
+CCNET_STAGES = ("res2", "res3", "res4", "res5")
 
 
 class ConfigValueError(ValueError):
@@ -171,6 +182,7 @@ def add_aadet_config(cfg):
         add_aa_config,
         add_sasa_config,
         add_halo_config,
+        add_ccnet_config,
         add_compile_config,
         add_datasets_config,
     ):
@@ -373,6 +385,31 @@ def add_halo_config(cfg):
     ha.IMPL = layer["impl"]
 
 
+def add_ccnet_config(cfg):
+    """``MODEL.CCNET.*``: CCNet's recurrent criss-cross attention module (RCCA,
+    :class:`~aadet.layers.RecurrentCrissCrossAttention`) in a ResNet backbone."""
+    layer = layer_defaults(RecurrentCrissCrossAttention)  # the layer keys' defaults: the layer's own
+    cc = cfg.MODEL.CCNET = CN()
+    # The stage whose last block the RCCA module is inserted before, a name in CCNET_STAGES
+    # (paper, COCO Mask R-CNN: one RCCA before the last block of res4, where the non-local
+    # network puts its block).
+    cc.STAGE = "res4"
+    # R: passes of the one shared criss-cross block, an integer >= 1 (paper: 2, which reaches
+    # every pixel of the map; 1 reaches only each pixel's row and column).
+    cc.RECURRENCE = layer["recurrence"]
+    # Heads of the criss-cross block, dividing both C // REDUCTION and C (paper: 1).
+    cc.NUM_HEADS = layer["num_heads"]
+    # q and k get C // REDUCTION channels, v C (paper: 8, i.e. C/8).
+    cc.REDUCTION = layer["reduction"]
+    # Channels the module attends in (its 3x3 conv reduces to them), an integer >= 0; 0 = the
+    # stage's channels // 4 (paper: in/4, 512 for 2048).
+    cc.INTER_CHANNELS = 0
+    # How the criss-cross attention is computed: "auto" (aadet.layers.functional.criss_cross.
+    # auto_criss_cross_attention_impl) or a route of CRISS_CROSS_BACKENDS there (all exact, only
+    # speed and memory differ; each route with its summary). Not a choice of the paper.
+    cc.IMPL = layer["impl"]
+
+
 def add_compile_config(cfg):
     """``MODEL.COMPILE.*``: running the model through ``torch.compile`` (:mod:`aadet.engine.compile`)."""
     # In tools/train_net.py's training and evaluation (--compile sets ENABLED): nn.Module.compile
@@ -425,6 +462,7 @@ def validate_aadet_config(cfg):
         check_aa_config,
         check_sasa_config,
         check_halo_config,
+        check_ccnet_config,
     ):
         check(cfg)
     return cfg
@@ -553,3 +591,15 @@ def check_halo_config(cfg):
     check_int(ha.NUM_HEADS, "MODEL.HALO.NUM_HEADS", 1, config_error)
     check_one_of(ha.POSITIONAL_ENCODING, HALO_POSITIONAL_ENCODINGS, "MODEL.HALO.POSITIONAL_ENCODING", config_error)
     HALO_ATTENTION_BACKENDS.check(ha.IMPL, "MODEL.HALO.IMPL", config_error)
+
+
+def check_ccnet_config(cfg):
+    """``MODEL.CCNET.*`` with :class:`~aadet.layers.RecurrentCrissCrossAttention`'s rules (the
+    heads' and the reduction's fit to the stage's width is checked when the module is built)."""
+    cc = cfg.MODEL.CCNET
+    check_one_of(cc.STAGE, CCNET_STAGES, "MODEL.CCNET.STAGE", config_error)
+    check_int(cc.RECURRENCE, "MODEL.CCNET.RECURRENCE", 1, config_error)
+    check_int(cc.NUM_HEADS, "MODEL.CCNET.NUM_HEADS", 1, config_error)
+    check_int(cc.REDUCTION, "MODEL.CCNET.REDUCTION", 1, config_error)
+    check_int(cc.INTER_CHANNELS, "MODEL.CCNET.INTER_CHANNELS", 0, config_error, " (0 = the stage's channels // 4)")
+    CRISS_CROSS_BACKENDS.check(cc.IMPL, "MODEL.CCNET.IMPL", config_error)
