@@ -3,10 +3,11 @@ tests (``tests/engine/test_training.py``) fail when attention is wrong:
 
   python tests/helpers/broken_attention.py MUTATION --config-file CFG [train_net args and KEY VALUE ...]
 
-MUTATION (applied to every SASA local attention, HaloNet blocked attention and AA global attention
-call, and to the attention of SASA's spatially-aware stem):
+MUTATION (applied to every SASA local attention, HaloNet blocked attention, AA global attention and
+CCNet criss-cross attention call, and to the attention of SASA's spatially-aware stem):
 
-* ``relative_zero``: the relative position embeddings multiplied by 0 (content-only logits);
+* ``relative_zero``: the relative position embeddings multiplied by 0 (content-only logits; CCNet
+  has none, so nothing changes there);
 * ``off_by_one``: keys and values shifted by one row (every window/grid one pixel off, the
   classic mask/index bug);
 * ``uniform``: queries multiplied by 0, so every window averages its values (no attention).
@@ -91,11 +92,13 @@ def break_attention(mutation: str, patch=setattr):
     if mutation not in MUTATIONS:
         raise SystemExit(f"mutation must be one of {MUTATIONS}; got {mutation!r}")
     import aadet.layers.augmented_conv as aa
+    import aadet.layers.criss_cross as ccnet
     import aadet.layers.halo_attention as halo
     import aadet.layers.local_attention as sasa
 
     local, relative = sasa.local_self_attention_2d_unchecked, aa.relative_self_attention_2d_unchecked
     blocked = halo.halo_attention_2d_unchecked
+    criss_cross = ccnet.criss_cross_attention_2d_unchecked
 
     def broken_local(q, k, v, rel_h, rel_w, *args, **kwargs):
         return local(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
@@ -106,9 +109,14 @@ def break_attention(mutation: str, patch=setattr):
     def broken_blocked(q, k, v, rel_h, rel_w, *args, **kwargs):
         return blocked(*_mutate(mutation, q, k, v, rel_h, rel_w), *args, **kwargs)
 
+    def broken_criss_cross(q, k, v, *args, **kwargs):
+        q, k, v, _, _ = _mutate(mutation, q, k, v, None, None)
+        return criss_cross(q, k, v, *args, **kwargs)
+
     patch(sasa, "local_self_attention_2d_unchecked", broken_local)
     patch(halo, "halo_attention_2d_unchecked", broken_blocked)
     patch(aa, "relative_self_attention_2d_unchecked", broken_relative)
+    patch(ccnet, "criss_cross_attention_2d_unchecked", broken_criss_cross)
     _broken_stem(mutation, patch)
 
 

@@ -1,31 +1,45 @@
 """The exactness tests catch every broken-attention mutation, in every attention module.
 
 ``tests/helpers/broken_attention.py`` breaks the attention of a whole model (the mutations behind
-the learning measurements, docs/testing.md). Here each mutation is applied to each module kind
-that computes attention -- the SASA layer (its C++ kernel in both modes: keeping the attention
-weights for backward, and recomputing them there), the HaloNet layer (strided: attention
-downsampling), the AA layer (also on its C++ kernel, which keeps the probabilities for backward
-at these sizes) and SASA's spatially-aware stem (its two PyTorch routes, and its C++
-kernel in both of its weight forms) -- and the module's output is compared with its float64
+the learning measurements, docs/testing.md). Here each mutation is applied to each module kind that
+computes attention -- the SASA layer (its C++ kernel in both modes: keeping the attention weights
+for backward, and recomputing them there), the HaloNet layer (strided: attention downsampling), the
+AA layer (also on its C++ kernel, which keeps the probabilities for backward at these sizes),
+SASA's spatially-aware stem (its two PyTorch routes, and its C++ kernel in both of its weight
+forms) and CCNet's criss-cross block, alone and recurrent in RCCA (``gamma`` set to 0.5: at its
+init of 0 the block is the identity) -- and the module's output is compared with its float64
 brute-force composition, the comparison the exactness tests make (for the C++ kernels of the SASA
 layer, AA and the stem also the input's gradient: their own code is their backward): correct, they
-agree to rounding; broken, by far more. So the harness reaches every module, and each mutation is
-a bug the exactness tests would catch. The C++ kernels' kinds skip where they cannot be built.
+agree to rounding; broken, by far more. So the harness reaches every module, and each mutation is a
+bug the exactness tests would catch. The C++ kernels' kinds skip where they cannot be built;
+``relative_zero`` skips on CCNet's kinds, which have no relative embeddings to zero.
 """
 import pytest
 import torch
 
 from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d
 from aadet.layers.attention_stem import SpatiallyAwareAttentionStem
+from aadet.layers.criss_cross import CrissCrossAttention2d, RecurrentCrissCrossAttention
 from aadet.layers.functional.backends import aa_cpp, stem_cpp
 
 from tests.helpers.broken_attention import MUTATIONS, break_attention
 from tests.layers.test_attention_stem import reference_stem
 from tests.layers.test_augmented_conv import reference_forward as reference_aa
+from tests.layers.test_criss_cross import reference_forward as reference_ccnet
 from tests.layers.test_halo_layer import brute_force as reference_halo
 from tests.layers.test_local_attention import _manual_layer as reference_sasa
 
 D = torch.float64
+
+
+def _with_gamma(module, gamma=0.5):
+    """``module`` with its criss-cross block's ``gamma`` set (0 at init: the block is the identity)."""
+    block = module.cca if isinstance(module, RecurrentCrissCrossAttention) else module
+    with torch.no_grad():
+        block.gamma.fill_(gamma)
+    return module
+
+
 #: module kind -> (float64 module, its brute-force composition); the stem in each of its routes
 #: (its C++ kernel: the factorized weight form where in <= out / heads, else the projected one).
 MODULES = {
@@ -45,7 +59,12 @@ MODULES = {
     "stem_cpp": (lambda: SpatiallyAwareAttentionStem(3, 32, num_heads=1, norm="", impl="cpp"), reference_stem),
     "stem_cpp_projected_form": (lambda: SpatiallyAwareAttentionStem(6, 8, num_heads=2, norm="", impl="cpp"),
                                 reference_stem),
+    "ccnet": (lambda: _with_gamma(CrissCrossAttention2d(8, num_heads=2, reduction=2)), reference_ccnet),
+    "ccnet_recurrent": (lambda: _with_gamma(RecurrentCrissCrossAttention(8, 6, inter_channels=8, reduction=2)),
+                        reference_ccnet),
 }
+#: the kinds without relative embeddings: ``relative_zero`` has nothing to break there
+NO_RELATIVE_KINDS = ("ccnet", "ccnet_recurrent")
 #: the kinds whose input gradient is compared too (the C++ kernels' own backward passes)
 GRADIENT_KINDS = ("sasa", "sasa_recompute", "aa_cpp", "stem_cpp", "stem_cpp_projected_form")
 CORRECT_ATOL = 1e-10  # what the exactness tests allow (they use 1e-10 to 1e-12)
@@ -88,6 +107,8 @@ def test_correct_module_matches_its_reference(kind):
 @pytest.mark.parametrize("mutation", MUTATIONS)
 @pytest.mark.parametrize("kind", sorted(MODULES))
 def test_broken_module_fails_its_reference(kind, mutation, monkeypatch):
+    if mutation == "relative_zero" and kind in NO_RELATIVE_KINDS:
+        pytest.skip(f"{kind} has no relative embeddings for relative_zero to zero")
     break_attention(mutation, patch=monkeypatch.setattr)
     err = _max_error(kind)
     print(f"{kind} {mutation}: max error {err:.3g}")
