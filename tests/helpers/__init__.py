@@ -41,3 +41,13 @@ def load_script(path: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def markdown_row(markdown: str, *first: str) -> list:
+    """The cells of the one markdown table row whose first cells are ``first`` (AssertionError
+    where none or several are)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in markdown.splitlines()
+            if line.startswith("| ")]
+    rows = [r for r in rows if r[:len(first)] == list(first)]
+    assert len(rows) == 1, (first, rows)
+    return rows[0]
