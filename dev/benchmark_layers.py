@@ -79,6 +79,7 @@ from aadet.benchmark.timing import (  # noqa: E402
     add_amp_dtype_argument,
     autocast,
     check_amp_dtype,
+    command_device,
     environment_info,
     measure,
     peak_memory_meaning,
@@ -416,10 +417,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:  # one case, in its own process; CUDA OOM is reported in the table
         return worker_main(args.worker, run_case)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but CUDA is not available")
-    amp_dtype = check_amp_dtype(args.amp_dtype, device)
+    device, amp_dtype = command_device(args.device, args.amp_dtype)
     cuda = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 1)
     iters = args.iters if args.iters is not None else (30 if cuda else 3)

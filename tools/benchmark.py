@@ -72,7 +72,7 @@ from aadet.benchmark.timing import (  # noqa: E402
     add_amp_dtype_argument,
     TakeTurns,
     autocast,
-    check_amp_dtype,
+    command_device,
     combine_rounds,
     merge_rounds,
     environment_info,
@@ -299,10 +299,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--size takes S or H W (each >= 32); got {args.size}")
     if args.batch < 1:
         raise SystemExit(f"--batch must be >= 1; got {args.batch}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but CUDA is not available")
-    amp_dtype = check_amp_dtype(args.amp_dtype, device)
+    device, amp_dtype = command_device(args.device, args.amp_dtype)
     cuda = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     iters = args.iters if args.iters is not None else (30 if cuda else 5)

@@ -101,6 +101,15 @@ def add_amp_dtype_argument(parser, when: str = "") -> None:
     )
 
 
+def command_device(device_name: str, amp_dtype: Optional[str]):
+    """``(device, amp dtype name)`` of a benchmark command's ``--device`` and ``--amp-dtype``
+    (:func:`check_amp_dtype`); SystemExit where CUDA is asked for and there is none."""
+    device = torch.device(device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but CUDA is not available")
+    return device, check_amp_dtype(amp_dtype, device)
+
+
 def check_amp_dtype(name: Optional[str], device) -> str:
     """``name`` if it is one of :data:`AMP_DTYPES`, :func:`default_amp_dtype` for None.
 

@@ -1,6 +1,6 @@
 """The implementations behind the public functions, one route per file, on checked arguments.
 
-The front ends (:mod:`..local_attention`, :mod:`..halo_attention`, :mod:`..logit_tables`,
+The front ends (:mod:`..local_attention`, :mod:`..halo_attention`, :mod:`..logit_tables`, :mod:`..criss_cross`,
 :mod:`..relative_attention`) check every argument once (:mod:`..checks`) and pick a route from
 their registries; a route here assumes checked arguments and checks only what its own kernel
 needs (dtypes, devices, tile sizes). Each is tested against :mod:`..reference`.
@@ -20,11 +20,14 @@ route what it does; which route is which is in the registries, each with a one-l
   :data:`~..halo_attention.HALO_ATTENTION_BACKENDS` (``fn(q, k, v, rel_h, rel_w, block_size,
   halo_size, query_stride) -> out``), the PyTorch ones on the block layout of
   :mod:`.halonet_blocks`;
+* ``ccnet_*.py``: CCNet's criss-cross attention, the routes of
+  :data:`~..criss_cross.CRISS_CROSS_BACKENDS` (``fn(q, k, v) -> out``);
 * ``stem_cpp.py``: SASA's attention stem in its own fused kernel (no registry: the stem picks it
   by its ``impl``).
 
 The C++ kernels (``csrc/<family>_cpu.cpp``) are built and cached by :mod:`.cpu_kernels`; what the
-Triton kernels share (triton's presence and mode, the dtypes they take) is :mod:`.triton_kernels`.
+Triton kernels share (triton's presence and mode, the dtypes they take) is :mod:`.triton_kernels`;
+the fused routes' one call into SDPA, shaped so that its fused kernels take it, is :mod:`.sdpa`.
 
 The Triton and flex modules are imported on first use (:func:`~..dispatch.lazy_backend`), never by
 ``import aadet``; they also have public entry points with their own checks, for direct calls.
