@@ -464,7 +464,7 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
   const Geometry g = make_geometry(q, k, v, rel_h, rel_w, b, h, s);
   auto out = torch::empty({g.N, g.dv, g.Ho, g.Wo}, q.options());
   auto lse = torch::empty({g.N, g.Ho, g.Wo}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halo_cpu_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halonet_cpu_forward", [&] {
     const scalar_t* rhp = g.rel ? rel_h.data_ptr<scalar_t>() : nullptr;
     const scalar_t* rwp = g.rel ? rel_w.data_ptr<scalar_t>() : nullptr;
     forward_kernel<scalar_t>(g, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -490,7 +490,7 @@ std::vector<torch::Tensor> backward(torch::Tensor go, torch::Tensor q, torch::Te
     grh = torch::zeros({g.N, g.R, g.dr}, q.options());
     grw = torch::zeros({g.N, g.R, g.d - g.dr}, q.options());
   }
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halo_cpu_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "halonet_cpu_backward", [&] {
     auto ptr = [](torch::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
     const scalar_t* rhp = g.rel ? rel_h.data_ptr<scalar_t>() : nullptr;
     const scalar_t* rwp = g.rel ? rel_w.data_ptr<scalar_t>() : nullptr;
