@@ -230,7 +230,7 @@ class LocalSelfAttention2d(LocalAttention2dBase):
     def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
         """Multiply-adds of the attention as the fused (blocked, halo) route computes it, an
         estimate to compare with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`:
-        :func:`~aadet.layers.functional.backends.sasa_halo.halo_local_attention_macs` plus the
+        :func:`~aadet.layers.functional.backends.sasa_blocked.halo_local_attention_macs` plus the
         ``k``-offset row/column table matmuls. (The cpp and neighborhood routes, the CPU ones, do
         exactly the idealised count.)"""
         h, w = input_hw

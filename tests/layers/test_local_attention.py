@@ -62,7 +62,7 @@ def test_matches_brute_force(h, w, ks, bs, impl, relative):
 
 @pytest.mark.parametrize("h,w,ks,bs", CASES)
 def test_unfold_reference_matches_brute_force(h, w, ks, bs):
-    # the benchmark's vectorized reference (tools/benchmark_layers.py) is Eq. 3 too
+    # the benchmark's vectorized reference (dev/benchmark_layers.py) is Eq. 3 too
     q, k, v, rh, rw = _inputs(2, 2, h, w, 5, 3, ks)
     out = local_self_attention_2d_unfold(q, k, v, rh, rw, ks)
     torch.testing.assert_close(out, brute_force(q, k, v, rh, rw, ks), rtol=0, atol=1e-12)
