@@ -184,21 +184,27 @@ def check_query_chunk(query_chunk) -> None:
 
 
 # ----------------------------------------------------------------------------- SASA
-def check_qkv(q, k, v, rel_h, rel_w) -> None:
-    """``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; ``rel_h [R, dk//2]`` and
-    ``rel_w [R, dk - dk//2]`` with the same ``R``, or both None (SASA's split embeddings)."""
+def check_qkv_maps(q, k, v) -> None:
+    """``q, k [B, Nh, H, W, d]`` of one shape and ``v [B, Nh, H, W, dv]`` on their map (SASA's and
+    CCNet's arguments)."""
     if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
         raise ValueError(
             "q, k, v must be [B, Nh, H, W, d]; got shapes "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if q.shape != k.shape:
-        raise ValueError(f"q and k must have the same shape; got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
     if v.shape[:-1] != q.shape[:-1]:
         raise ValueError(
             f"v must be [B, Nh, H, W, dv] with q's first four dims {tuple(q.shape[:-1])}; "
             f"got {tuple(v.shape)}"
         )
+
+
+def check_qkv(q, k, v, rel_h, rel_w) -> None:
+    """``q, k [B, Nh, H, W, dk]``, ``v [B, Nh, H, W, dv]``; ``rel_h [R, dk//2]`` and
+    ``rel_w [R, dk - dk//2]`` with the same ``R``, or both None (SASA's split embeddings)."""
+    check_qkv_maps(q, k, v)
     dk = q.shape[-1]
     if (rel_h is None) != (rel_w is None):
         raise ValueError("rel_h and rel_w must both be tensors or both be None")
@@ -312,18 +318,7 @@ def check_criss_cross_attention(q, k, v) -> None:
     """The arguments of CCNet's criss-cross attention (``criss_cross_attention_2d``): ``q, k [B,
     Nh, H, W, d]`` and ``v [B, Nh, H, W, dv]`` with ``H, W, d, dv >= 1``, of one floating dtype
     and on one device."""
-    if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
-        raise ValueError(
-            "q, k, v must be [B, Nh, H, W, d]; got shapes "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if k.shape != q.shape:
-        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
-    if v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(
-            f"v must be [B, Nh, H, W, dv] with q's first four dims {tuple(q.shape[:-1])}; "
-            f"got {tuple(v.shape)}"
-        )
+    check_qkv_maps(q, k, v)
     if min(q.shape[2], q.shape[3], q.shape[4], v.shape[4]) < 1:
         raise ValueError(
             f"q and v must have H, W, d, dv >= 1; got {tuple(q.shape)} and {tuple(v.shape)}"
