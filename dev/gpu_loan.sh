@@ -54,6 +54,10 @@ carried_bytes() {  # the working tree as a call carries it (tracked + untracked,
   echo "$tree $whl $((tree + whl))"
 }
 
+here_python() {  # here (where the index is): the project's environment, which imports aadet
+  if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo "$PYTHON"; fi
+}
+
 prepare() {
   local changes stamp inputs
   changes=$(git status --porcelain --untracked-files=all)
@@ -71,7 +75,7 @@ prepare() {
     bash dev/make_wheelhouse.sh "$WHL" --python-version 3.12 --exclude-installed "$MACHINE_PACKAGES"
     echo "$inputs" > "$stamp"
   fi
-  PYTHONPATH=dev "$PYTHON" -c "import sys; from aadet_dev.checkout import write_manifest; \
+  PYTHONPATH=dev "$(here_python)" -c "import sys; from aadet_dev.checkout import write_manifest; \
 s = write_manifest('.', sys.argv[1]); print('[gpu_loan] manifest', sys.argv[1], 'of', s['commit'])" "$MANIFEST"
   read -r tree whl total < <(carried_bytes)
   awk -v t="$tree" -v w="$whl" -v d="$WHL" -v l="$CARRY_LIMIT" 'BEGIN { m = 1048576;
@@ -113,7 +117,7 @@ print('[gpu_loan] tree', s['commit'], 'clean' if s['dirty'] is False else 'NOT C
 }
 
 plan_value() {  # a number of gpu_report.LOAN_PLAN[$MODE] (install_s, finish_s, call_s)
-  PYTHONPATH=dev:$REPO "$PYTHON" -c "import sys; from aadet_dev.gpu_report import LOAN_PLAN; print(LOAN_PLAN[sys.argv[1]][sys.argv[2]])" "${MODE:-first}" "$1"
+  PYTHONPATH=dev:$PYTHONPATH "$PY" -c "import sys; from aadet_dev.gpu_report import LOAN_PLAN; print(LOAN_PLAN[sys.argv[1]][sys.argv[2]])" "${MODE:-first}" "$1"
 }
 
 dry_run_checks() {  # what can fail before the first CUDA call, tried on CPU
@@ -142,15 +146,17 @@ run_stages() {  # MODE OUT DRY [PREV | STAGE...]
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
   exec > >(tee -a "$out/loan.log") 2>&1
+  log "mode $mode into $out"
+  install  # first: reading the plan imports aadet, which needs what the install brings (Detectron2)
   if [ "$mode" = only ]; then
     MODE=first
-    local left=$(( ${AADET_LOAN_SECONDS:-540} - 60 )) n=$#
+    local left=$(( ${AADET_LOAN_SECONDS:-540} - SECONDS - 30 )) n=$#
     for st in "$@"; do budgets+=("$st=$((left / n))"); done
   else
-    read -r -a budgets < <(PYTHONPATH=dev:$REPO "$PYTHON" dev/gpu_check.py --plan "$mode")
+    read -r -a budgets < <("$PY" dev/gpu_check.py --plan "$mode")
   fi
-  log "mode $mode: ${budgets[*]} (seconds) into $out"
-  install
+  [ "${#budgets[@]}" -gt 0 ] || { echo "[gpu_loan] no stage budgets (dev/gpu_check.py --plan $mode failed)" >&2; exit 1; }
+  log "budgets: ${budgets[*]} (seconds)"
   if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi
   local stages=("${budgets[@]%%=*}")
   args=(--stages "${stages[@]}" --budget "${budgets[@]}" --out "$out" --work-dir output/gpu_check_work
@@ -194,8 +200,8 @@ DRY=0; [ "${!#}" = --dry-run ] && DRY=1 && set -- "${@:1:$(($# - 1))}"
 case "$1" in
   -h|--help) usage 0 ;;
   prepare) prepare ;;
-  plan) [ -x .venv/bin/python ] && PYTHON=.venv/bin/python  # here: the project's environment
-        PYTHONPATH=dev:$REPO "$PYTHON" dev/gpu_check.py --plan ;;
+  plan)
+    PYTHONPATH=dev:$REPO "$(here_python)" dev/gpu_check.py --plan ;;
   first)
     [ $# -ge 2 ] || { echo "[gpu_loan] first needs OUT, the output folder (on the device: \$OUT)" >&2; exit 2; }
     run_stages first "$2" "$DRY" ;;

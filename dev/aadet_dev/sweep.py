@@ -170,8 +170,9 @@ def _stride(cin: Sequence[int], cout: Sequence[int]) -> int:
 
 
 def routes_of(shape: LayerShape, device: str = "cuda") -> Tuple[str, ...]:
-    """The routes a shape is measured with on ``device``: its family's routes that run there,
-    then :data:`CONV`."""
+    """The routes a shape is measured with on ``device``, then :data:`CONV`: on CUDA its family's
+    routes flagged ``cuda``; elsewhere (a CPU dry run) every route, those that need CUDA or Triton's
+    compiler giving rows that say so."""
     registry = _entry(shape["module"])[1]
     if registry is not None:
         routes = tuple(n for n, r in registry.items() if r.cuda or device != "cuda")
