@@ -39,9 +39,10 @@ def test_shapes_come_from_building_the_configs(shapes):
     aa_layers = [n for n, m in build_model(cfg).named_modules() if isinstance(m, AugmentedConv2d)]
     listed = [c.split(":", 1)[1] for s in shapes for c in s["configs"] if c.startswith("trees_AA_R_26_slim_FPN:")]
     assert sorted(listed) == sorted(aa_layers) and aa_layers
-    # a 64 px input: the stem (stride 4 with its pool) and res2..res5 maps from the forward itself
-    sides = sorted({s["input"][-1] for s in shapes if s["family"] == "sasa"}, reverse=True)
-    assert sides[0] <= 16 and sides[-1] >= 1, sides
+    # a 64 px input: the SASA demo's attention stages see 16, 8 and 4 px maps (its first layer of a
+    # stage with stride 2, on the map the stage before left), from the forward itself
+    sasa = {(s["input"][-1], s["stride"]) for s in shapes if s["configs"][0].startswith("trees_SASA_R_26")}
+    assert sasa == {(16, 1), (16, 2), (8, 1), (8, 2), (4, 1), (4, 2)}, sasa
     for s in shapes:
         assert s["output"][0] > 0 and s["stride"] in (1, 2, 4), s.row()
 
