@@ -265,7 +265,8 @@ def add_resnet_config(cfg):
     # Zero-initialise the scale of the last norm in every residual block, so each block starts
     # as the identity (Goyal et al. 2017; the TF-TPU ResNet of the papers' codebase does it,
     # Detectron2 does not: its ResNet notes that it hurt GN models trained from scratch). Needs a
-    # norm with a learned scale. False = Detectron2's init.
+    # norm with a learned scale. False = Detectron2's init; the COCO recipe (Base-RetinaNet-Scratch.yaml)
+    # turns it on.
     cfg.MODEL.RESNETS.ZERO_INIT_RESIDUAL = False
 
 

@@ -28,6 +28,7 @@ def trees_model(model):
         width_per_group=32,  # bottlenecks 32..256: half of ResNet-50's
         res2_out_channels=64,  # block outputs 64..512: a quarter of ResNet-50's
         norm="GN",  # val's choice over BN: a batch of 4 is below the ~8 images BN needs
+        zero_init_residual=False,  # Detectron2's init for the conv and AA demos (SASA, HaloNet: on)
     )
     model.backbone.update(out_channels=64, norm="GN", p6p7_source=None)  # P3-P5: no P6/P7
     model.head.update(

@@ -35,7 +35,7 @@ model = L(AADetRetinaNet)(
             deform_on_per_stage=list(_r.DEFORM_ON_PER_STAGE),
             deform_modulated=_r.DEFORM_MODULATED,
             deform_num_groups=_r.DEFORM_NUM_GROUPS,
-            zero_init_residual=_r.ZERO_INIT_RESIDUAL,  # MODEL.RESNETS.ZERO_INIT_RESIDUAL
+            zero_init_residual=True,  # every block starts as its shortcut, as the papers' TPU ResNet
             out_features=["res3", "res4", "res5"],
             freeze_at=0,  # nothing frozen: there are no pretrained weights
         ),
