@@ -25,10 +25,14 @@
 # .whl into a folder on PYTHONPATH with the checkout (pip --no-deps --no-compile --target; the
 # offline Detectron2 wheel's pure-Python files as tools/setup_env.sh takes them), nothing built:
 # aadet runs from the checkout, its C++ CPU kernels are left to the first test that needs one.
-# Everything goes into OUT, at most 8 plain files, none in a sub-folder: stage_*.json, sweep.jsonl,
-# sweep.plan.json, report.json, report.md, loan.log (this script's output), work.tar.gz (logs, junit
-# XML, raw and scratch benchmark JSON). Merge both calls' stage files here with
-# `python dev/gpu_check.py --report-only --out DIR`. The exit status is gpu_check's.
+# OUT gets four plain files (a call returns at most 8, none in a sub-folder): loan.log (this
+# script's output), report.json, report.md and run.tar.gz (stage_*.json, sweep.jsonl,
+# sweep.plan.json, and the work folder: logs, junit XML, raw and scratch benchmark JSON). The stage
+# files are written loose into OUT while the stages run and packed at the end, so a call cut off
+# before that still returns them. PREV (the first call's OUT, carried inside the checkout) is moved
+# out of the tree before the checkout is verified, and its run.tar.gz unpacked. Merge both calls'
+# stage files here with `tar -xzf run.tar.gz -C DIR` and `python dev/gpu_check.py --report-only
+# --out DIR`. The exit status is gpu_check's.
 #
 # --dry-run (after first|second; `dry-run` passes it): on a machine without CUDA, install for real,
 # check the imports and a tiny CPU run of the sweep and the configs stage, collect the CUDA tests,
@@ -147,6 +151,10 @@ run_stages() {  # MODE OUT DRY [PREV | STAGE...]
   out=$(cd "$out" && pwd)
   exec > >(tee -a "$out/loan.log") 2>&1
   log "mode $mode into $out"
+  if [ "$mode" = second ]; then
+    [ -n "${1:-}" ] && [ -d "$1" ] || { echo "[gpu_loan] second needs PREV, the first call's OUT (carried)" >&2; exit 2; }
+    set -- "$(take_prev "$1")"
+  fi
   install  # first: reading the plan imports aadet, which needs what the install brings (Detectron2)
   if [ "$mode" = only ]; then
     MODE=first
@@ -161,10 +169,7 @@ run_stages() {  # MODE OUT DRY [PREV | STAGE...]
   local stages=("${budgets[@]%%=*}")
   args=(--stages "${stages[@]}" --budget "${budgets[@]}" --out "$out" --work-dir output/gpu_check_work
         --bench-json "$out/benchmarks_cuda.json")
-  if [ "$mode" = second ]; then
-    [ -n "${1:-}" ] && [ -d "$1" ] || { echo "[gpu_loan] second needs PREV, the first call's OUT (carried)" >&2; exit 2; }
-    args+=(--resume "$1")
-  fi
+  if [ "$mode" = second ]; then args+=(--resume "$1"); fi
   [[ " ${stages[*]} " == *" demo "* ]] && args+=(--wheelhouse "$WHL")
   mkdir -p output
   local total=0; for b in "${budgets[@]}"; do total=$((total + ${b##*=})); done
@@ -177,11 +182,29 @@ run_stages() {  # MODE OUT DRY [PREV | STAGE...]
       log "dry run: gpu_check did not stop at the CUDA check (exit $rc)"; rc=1
     fi
   fi
-  # logs, junit XML, raw and scratch JSON: one file (trainings' checkpoints and events left out)
-  tar -czf "$out/work.tar.gz" --exclude='*.pth' --exclude='events.out.tfevents*' --exclude='specs' \
-      output/gpu_check_work output/gpu_check_stderr.log 2>/dev/null || true
+  pack_out "$out"
   log "done (exit $rc): $(cd "$out" && ls | tr '\n' ' ')"
   return "$rc"
+}
+
+take_prev() {  # PREV -> a folder outside the checkout with its stage files (run.tar.gz unpacked)
+  local prev=$1 dest=${AADET_LOAN_PREV:-/tmp/aadet-loan-prev}
+  rm -rf "$dest" && mkdir -p "$dest"
+  cp -r "$prev"/. "$dest"/
+  case "$(cd "$prev" && pwd)/" in "$REPO"/*) rm -rf "$prev" ;; esac  # not an uncommitted file of the tree
+  if [ -f "$dest/run.tar.gz" ]; then tar -xzf "$dest/run.tar.gz" -C "$dest" --exclude='output/*'; fi
+  echo "$dest"
+}
+
+pack_out() {  # OUT -> loan.log, report.json, report.md, run.tar.gz (module header)
+  local out=$1 files
+  files=$(cd "$out" && ls stage_*.json sweep.jsonl sweep.plan.json 2>/dev/null | tr '\n' ' ')
+  # trainings' checkpoints and events left out
+  if tar -czf "$out/run.tar.gz" --exclude='*.pth' --exclude='events.out.tfevents*' --exclude='specs' \
+      -C "$out" $files -C "$REPO" output/gpu_check_work output/gpu_check_stderr.log 2>/dev/null \
+      || [ -s "$out/run.tar.gz" ]; then
+    (cd "$out" && rm -f $files)
+  fi
 }
 
 dry_run_copy() {  # the carried files in a fresh folder (no .git, as on the machine), then --dry-run
