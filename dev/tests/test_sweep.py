@@ -83,6 +83,37 @@ def test_a_wrong_route_is_caught_by_the_sample(shapes, monkeypatch):
     assert row["finite_output"] and not row["agrees"] and not row["ok"], row
 
 
+def test_every_shape_comes_in_the_targets_precisions_before_fp16(shapes):
+    cases = sweep.plan_cases(shapes, "cuda")
+    first_fp16 = next(n for n, (_i, _r, p) in enumerate(cases) if p == "fp16")
+    assert {p for _i, _r, p in cases[:first_fp16]} == {"fp32", "bf16"}
+    assert {i for i, _r, _p in cases[:first_fp16]} == set(range(len(shapes)))
+    assert {p for _i, _r, p in cases[first_fp16:]} == {"fp16"}
+    assert len(cases) == len(set(cases)) == sum(3 * len(sweep.routes_of(s, "cuda")) for s in shapes)
+
+
+def test_routes_of_one_shape_share_one_brute_force(shapes, monkeypatch):
+    """The routes of a shape and precision call the core with equal arguments: the brute force
+    runs once for them, and again for other arguments; a wrong route is still caught with it."""
+    shape = next(s for s in shapes if s["family"] == "sasa")
+    calls = []
+    brute_force = sweep._brute_force
+    monkeypatch.setattr(sweep, "_brute_force", lambda *a: calls.append(1) or brute_force(*a))
+    cache = sweep.ReferenceCache()
+    routes = [r for r in ("neighborhood", "materialized", "fused", "cpp") if r in sweep.routes_of(shape, "cpu")]
+    rows = [sweep.run_case(shape, r, "fp32", batch=1, device="cpu", iters=0, cache=cache) for r in routes]
+    assert len(routes) >= 3 and len(calls) == 1 and all(r["ok"] for r in rows), rows
+    sweep.run_case(shape, routes[0], "fp32", batch=1, device="cpu", iters=0, cache=cache, seed=1)
+    assert len(calls) == 2  # another input: computed again
+
+    module = sweep._entry(shape["module"])[2]
+    original = module.local_self_attention_2d_unchecked
+    monkeypatch.setattr(module, "local_self_attention_2d_unchecked",
+                        lambda *a, **kw: original(*a, **kw).flip(2))  # rows upside down
+    row = sweep.run_case(shape, routes[0], "fp32", batch=1, device="cpu", iters=0, cache=cache, seed=1)
+    assert len(calls) == 2 and not row["agrees"], row
+
+
 def test_reference_on_queries_is_the_full_brute_force():
     """The sampled brute force equals the full one at those pixels (float64)."""
     torch.manual_seed(0)
