@@ -48,10 +48,12 @@ project's layer benchmarks (``dev/benchmark_layers.py``).
 """
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from typing import List
 
@@ -150,6 +152,12 @@ def build_parser():
         help="stop a case (one config in one precision) after this long and report it as failed, "
              "so one slow case leaves time for the others (default: no limit; not with --interleave)",
     )
+    p.add_argument(
+        "--in-process", action="store_true",
+        help="CUDA: run every case in this process, one after the other (imports and cuDNN's "
+             "autotuning paid once; the peaks are the allocator's, reset for each phase) instead "
+             "of a fresh process a case; a failing case is reported and the run goes on",
+    )
     p.add_argument("--output-json", metavar="FILE", help="write all results as JSON")
     p.add_argument(
         "--output-md", metavar="FILE", help="write the markdown table here (default: stdout)"
@@ -213,6 +221,20 @@ def run_case(spec: dict) -> dict:
         result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"],
                                wall_s=round(time.monotonic() - start, 2))
     return result
+
+
+def run_case_here(spec: dict) -> dict:
+    """:func:`run_case` in this process (``--in-process``): an exception is the case's result, as
+    a worker's failure is (``{"spec", "error", "detail"}``), and the case's memory is released."""
+    try:
+        return run_case(spec)
+    except Exception as e:  # noqa: BLE001 -- a failing case is a row of the table
+        return {"spec": spec, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300],
+                "detail": traceback.format_exc()[-3000:]}
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------- report
@@ -312,6 +334,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
     if args.case_timeout is not None and (args.case_timeout <= 0 or args.interleave):
         raise SystemExit(f"--case-timeout must be > 0 and without --interleave; got {args.case_timeout}")
+    if args.in_process and (not cuda or args.interleave or args.case_timeout is not None):
+        raise SystemExit("--in-process measures CUDA cases (a CPU peak is the process' own), "
+                         "without --interleave and --case-timeout")
     if args.interleave and args.rounds > 1:
         raise SystemExit("give --interleave or --rounds N, not both (two ways to say how the "
                          "ratio spreads)")
@@ -371,7 +396,10 @@ def main(argv=None) -> int:
                     for spec in specs:
                         print(f"[benchmark] {spec['config']}{tag} ...", file=sys.stderr, flush=True)
                         start = time.monotonic()
-                        r = named_case(run_case_in_subprocess(__file__, spec, tmp, timeout=args.case_timeout), spec)
+                        if args.in_process:
+                            r = named_case(run_case_here(spec), spec)
+                        else:
+                            r = named_case(run_case_in_subprocess(__file__, spec, tmp, timeout=args.case_timeout), spec)
                         results.append(r)
                         print(f"[benchmark]   {describe_case(r, time.monotonic() - start)}",
                               file=sys.stderr, flush=True)

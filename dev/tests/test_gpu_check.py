@@ -766,7 +766,7 @@ def test_the_benchmark_record_comes_only_from_a_complete_run_at_the_targets_prot
     result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
     bench_cmd = next(c for c in calls if c[1].endswith("benchmark.py") and "--help" not in c)
     assert bench_cmd[bench_cmd.index("--size") + 1] == "640" and bench_cmd[bench_cmd.index("--batch") + 1] == "8"
-    assert 0 < float(bench_cmd[bench_cmd.index("--case-timeout") + 1]) < 600  # one slow case cannot take all
+    assert "--in-process" in bench_cmd  # no process a case (20-35 s each at 3a55981, all timed out)
     if case == "complete":
         assert result["status"] == "ok"
         written = json.loads(record.read_text())

@@ -184,3 +184,36 @@ def test_benchmark_names_a_failed_case_in_the_partial_and_the_final_report(tmp_p
     for failed in (partial, final):
         assert failed["config"] == configs[1] and failed["amp"] is False and failed["error"] == "out of memory"
 
+
+
+def test_benchmark_in_process_runs_every_case_here_and_reports_a_failure(tmp_path, monkeypatch):
+    """--in-process (the GPU check's mode: a lent machine paid 20-35 s a case for a fresh process,
+    of which about 1 s timed steps): no worker process, a case that raises is a row, the run goes on."""
+    benchmark = load_tool("benchmark")
+    configs = [os.path.join(REPO, "configs/Demo", n)
+               for n in ("trees_R_26_slim_FPN.yaml", "trees_AA_R_26_slim_FPN.yaml", "trees_SASA_R_26_slim_FPN.yaml")]
+    args = ["--configs", *configs, "--size", "64", "--batch", "1", "--no-inference", "--in-process",
+            "--output-json", str(tmp_path / "bench.json"), "--output-md", str(tmp_path / "bench.md")]
+    with pytest.raises(SystemExit, match="--in-process measures CUDA cases"):
+        benchmark.main([*args, "--device", "cpu"])
+
+    def no_subprocess(*a, **kw):
+        raise AssertionError("a worker process was started")
+
+    def fake_case(spec):
+        if spec["config"] == configs[1]:
+            raise RuntimeError("no kernel image for this device")
+        phase = dict(median_s=0.5, cpu_median_s=0.5, peak_bytes=1, wall_s=9.0)
+        return dict(config=spec["config"], amp=spec["amp"], params=1, env={}, build_s=2.0,
+                    train=dict(phase, images_per_s=2.0))
+
+    monkeypatch.setattr(benchmark, "run_case_in_subprocess", no_subprocess)
+    monkeypatch.setattr(benchmark, "run_case", fake_case)
+    monkeypatch.setattr(benchmark, "command_device", lambda device, dtype: (torch.device("cuda"), dtype))
+    cpu_env = benchmark.environment_info(torch.device("cpu"))
+    monkeypatch.setattr(benchmark, "environment_info", lambda device: cpu_env)
+    benchmark.main([*args, "--device", "cuda"])
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert [r["config"] for r in results] == configs
+    assert results[1]["error"] == "RuntimeError: no kernel image for this device"
+    assert results[0]["train"]["median_s"] == results[2]["train"]["median_s"] == 0.5
