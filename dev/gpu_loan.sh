@@ -5,7 +5,7 @@
 #   bash dev/gpu_loan.sh first OUT            # call 1 (9 min): install, sweep, CUDA tests, configs
 #   bash dev/gpu_loan.sh second OUT PREV      # call 2 (4 min, within 30 s of call 1, while the machine
 #                                             # is warm): what call 1 did not finish (PREV: its OUT,
-#                                             # carried), then benchmarks and demo
+#                                             # carried), then benchmarks
 #   bash dev/gpu_loan.sh only OUT STAGE...    # a call for the stages named, sharing AADET_LOAN_SECONDS
 #   bash dev/gpu_loan.sh plan                 # each call's stages and budgets (dev/gpu_check.py --plan)
 #   bash dev/gpu_loan.sh dry-run [first|second]  # here: the same in a copy of what is carried, on CPU
@@ -137,7 +137,7 @@ dry_run_checks() {  # what can fail before the first CUDA call, tried on CPU
   log "dry run: collect the CUDA tests with -n 2 (the tests stage needs pytest-xdist, which the machine has)"
   "$PY" -m pytest -q -p no:cacheprovider --collect-only -m cuda -n 2 tests | tail -2
   "$PY" tools/benchmark.py --help > /dev/null && "$PY" dev/benchmark_layers.py --help > /dev/null
-  if [ "$mode" = second ]; then
+  if [ "$mode" = second ] && [[ " ${stages[*]} " == *" demo "* ]]; then
     log "dry run: demo data from the carried deepforest wheel"
     "$PY" datasets/prepare_trees.py --root "${AADET_DATASETS:-datasets}" --wheelhouse "$WHL" | tail -3
   fi
@@ -165,8 +165,8 @@ run_stages() {  # MODE OUT DRY [PREV | STAGE...]
   fi
   [ "${#budgets[@]}" -gt 0 ] || { echo "[gpu_loan] no stage budgets (dev/gpu_check.py --plan $mode failed)" >&2; exit 1; }
   log "budgets: ${budgets[*]} (seconds)"
-  if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi
   local stages=("${budgets[@]%%=*}")
+  if [ "$dry" = 1 ]; then dry_run_checks "$mode"; fi  # reads stages
   args=(--stages "${stages[@]}" --budget "${budgets[@]}" --out "$out" --work-dir output/gpu_check_work
         --bench-json "$out/benchmarks_cuda.json")
   if [ "$mode" = second ]; then args+=(--resume "$1"); fi
