@@ -189,8 +189,10 @@ def plan_cases(shapes: Sequence[LayerShape], device: str = "cuda",
     others (fp16), so that a sweep cut at its budget has covered every shape in the first."""
     from .gpu_report import PROTOCOL
 
-    passes = ([p for p in precisions if p in PROTOCOL.precisions], [p for p in precisions if p not in PROTOCOL.precisions])
-    return [(i, route, p) for ps in passes for i, s in enumerate(shapes) for p in ps for route in routes_of(s, device)]
+    first = [p for p in precisions if p in PROTOCOL.precisions]
+    passes = (first, [p for p in precisions if p not in first])
+    return [(i, route, p) for ps in passes for i, s in enumerate(shapes) for p in ps
+            for route in routes_of(s, device)]
 
 
 def case_id(shape: LayerShape, route: str, precision: str) -> str:
