@@ -92,7 +92,7 @@ _POSITIVE = Interval(0.0)  # > 0
 _AT_LEAST_0 = Interval(0.0, low_closed=True)  # >= 0
 _AT_LEAST_1 = Interval(1.0, low_closed=True)  # >= 1
 #: MODEL.CCNET.STAGE: the ResNet stages the RCCA module may stand in (before the stage's last
-#: block). Checked here when the config loads, as no builder reads the key yet; the names are
+#: block). Checked here when the config loads, before any model is built; the names are
 #: aadet.modeling.backbone.resnet_stages.STAGE_NAMES, which this module sits below
 #: (tests/layers/test_criss_cross.py checks that they agree).
 CCNET_STAGES = ("res2", "res3", "res4", "res5")

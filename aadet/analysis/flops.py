@@ -17,7 +17,8 @@ Convention
   the normalized image tensor to the head's outputs.
 * **Attention layers** (:class:`~aadet.layers.AugmentedConv2d`,
   :class:`~aadet.layers.LocalSelfAttention2d`, :class:`~aadet.layers.HaloSelfAttention2d`,
-  :class:`~aadet.layers.SpatiallyAwareAttentionStem`): their child ``nn.Conv2d`` modules
+  :class:`~aadet.layers.SpatiallyAwareAttentionStem`, :class:`~aadet.layers.CrissCrossAttention2d`):
+  their child ``nn.Conv2d`` modules
   (q/k/v projections, AA's output projection and conv branch) are counted by fvcore like any
   convolution. Every other op inside the layer is replaced by the algorithmic count of
   :func:`attention_flops`, per call (a head layer shared by five levels counts five times): the
@@ -25,7 +26,8 @@ Convention
   ``ATTENTION_FLOP_COMPONENTS``. In short: AA each query against all ``h w`` keys of its grid,
   the SASA layer each query against its ``k x k`` neighbours (as for a zero-padded convolution),
   the HaloNet layer each query against its block's whole ``(b + 2h)^2`` window,
-  the stem its ``b x b`` block plus its value mixture and projections.
+  the stem its ``b x b`` block plus its value mixture and projections, CCNet's criss-cross
+  block each pixel against the ``H + W - 1`` pixels of its column and row.
 
 * **Overhead** (reported separately, never in the totals): the extra multiply-adds of our
   implementation's fused (CUDA) path -- blocked queries and halo windows (SASA), the position
@@ -46,6 +48,7 @@ from torch import nn
 
 from ..layers.attention_stem import SpatiallyAwareAttentionStem
 from ..layers.augmented_conv import AugmentedConv2d
+from ..layers.criss_cross import CrissCrossAttention2d
 from ..layers.halo_attention import HaloSelfAttention2d
 from ..layers.local_attention import LocalSelfAttention2d
 
@@ -61,7 +64,9 @@ __all__ = [
 ]
 
 #: The layers counted by formula (an instance nested in another is counted by the outer one).
-ATTENTION_TYPES = (AugmentedConv2d, LocalSelfAttention2d, HaloSelfAttention2d, SpatiallyAwareAttentionStem)
+ATTENTION_TYPES = (
+    AugmentedConv2d, LocalSelfAttention2d, HaloSelfAttention2d, SpatiallyAwareAttentionStem, CrissCrossAttention2d
+)
 
 # Ops that fvcore would warn about and that this convention does not count (see the module
 # docstring): norms, elementwise arithmetic, pooling, upsampling, softmax, post-processing.

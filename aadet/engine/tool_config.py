@@ -20,7 +20,7 @@ from detectron2.modeling import build_model
 from ..config import config_keys
 from ..layers import SpatiallyAwareAttentionStem
 from ..data.augmentation import build_augmentation
-from ..modeling.backbone import build_aa_resnet_backbone, build_halo_resnet_backbone
+from ..modeling.backbone import build_aa_resnet_backbone, build_ccnet_resnet_backbone, build_halo_resnet_backbone
 from ..modeling.box_voting import bbox_vote_thresh
 from .defaults import load_config
 from .lazy import plain_containers, call_target, build, eval_dataset_names, load_lazy_config
@@ -68,7 +68,8 @@ class InferenceSettings:
     detections_per_image: int
     bbox_vote_thresh: float
     #: ``{config key: (kind, route)}`` of every attention route, kind "aa" (logit tables),
-    #: "sasa" (local attention), "halo" or "stem" (SASA's attention stem): what the export checks.
+    #: "sasa" (local attention), "halo", "ccnet" (criss-cross) or "stem" (SASA's attention stem): what
+    #: the export checks.
     attention_routes: Dict[str, Tuple[str, str]]
 
 
@@ -96,6 +97,7 @@ def inference_settings(cfg) -> InferenceSettings:
                 "MODEL.SASA.IMPL": ("sasa", cfg.MODEL.SASA.IMPL),
                 "MODEL.SASA.STEM_IMPL": ("stem", cfg.MODEL.SASA.STEM_IMPL),
                 "MODEL.HALO.IMPL": ("halo", cfg.MODEL.HALO.IMPL),
+                "MODEL.CCNET.IMPL": ("ccnet", cfg.MODEL.CCNET.IMPL),
             },
         )
     m, t = cfg.model, cfg.train
@@ -123,13 +125,15 @@ def inference_settings(cfg) -> InferenceSettings:
 #: The backbone builders (and the attention stem) whose ``impl`` options name routes other than
 #: local attention's.
 _ROUTE_KINDS = {
-    build_aa_resnet_backbone: "aa", build_halo_resnet_backbone: "halo", SpatiallyAwareAttentionStem: "stem"
+    build_aa_resnet_backbone: "aa", build_halo_resnet_backbone: "halo", build_ccnet_resnet_backbone: "ccnet",
+    SpatiallyAwareAttentionStem: "stem",
 }
 
 
 def _lazy_attention_routes(cfg) -> Dict[str, Tuple[str, str]]:
     """Every ``impl`` of the model's attention options: the AA-ResNet's are logit-table routes,
-    the HaloNet-ResNet's halo-attention routes, the attention stem's its own (``STEM_IMPLS``), the
+    the HaloNet-ResNet's halo-attention routes, CCNet's ResNet's criss-cross routes, the attention
+    stem's its own (``STEM_IMPLS``), the
     others (SASA-ResNet, attentional FPN and head) local-attention routes."""
     tree = plain_containers(cfg.model)
     routes = {}
@@ -139,7 +143,8 @@ def _lazy_attention_routes(cfg) -> Dict[str, Tuple[str, str]]:
         value = cfg
         for name in key.split("."):
             value = value[name]  # resolves interpolations
-        owner = key.rsplit(".", 2)[0] if key.endswith(".attention.impl") else key.rsplit(".", 1)[0]
+        nested = key.endswith((".attention.impl", ".criss_cross.impl"))  # an options dict of the builder
+        owner = key.rsplit(".", 2)[0] if nested else key.rsplit(".", 1)[0]
         node = tree
         for name in owner.split(".")[1:]:
             node = node[name]

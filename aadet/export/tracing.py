@@ -44,6 +44,7 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNet
 from ..config import config_error
 from ..layers.attention_stem import STEM_EXPORTABLE_IMPLS
 from ..layers.functional.checks import check_one_of
+from ..layers.functional.criss_cross import CRISS_CROSS_BACKENDS
 from ..layers.functional.halo_attention import HALO_ATTENTION_BACKENDS
 from ..layers.functional.local_attention import LOCAL_ATTENTION_BACKENDS
 from ..layers.functional.logit_tables import LOGIT_TABLE_BACKENDS
@@ -71,11 +72,13 @@ ONNX_OPSETS = tuple(range(13, 21))
 DEFAULT_ONNX_OPSET = 17
 OUTPUT_NAMES = ("pred_boxes", "pred_classes", "scores", "image_size")
 #: The registry of each kind of attention route (``InferenceSettings.attention_routes``: the
-#: config keys naming them, ``MODEL.AA.IMPL`` / ``MODEL.SASA.IMPL`` / ``MODEL.HALO.IMPL`` in a YACS config).
+#: config keys naming them, ``MODEL.AA.IMPL`` / ``MODEL.SASA.IMPL`` / ``MODEL.HALO.IMPL`` /
+#: ``MODEL.CCNET.IMPL`` in a YACS config).
 ROUTE_REGISTRIES = {
     "aa": LOGIT_TABLE_BACKENDS,
     "sasa": LOCAL_ATTENTION_BACKENDS,
     "halo": HALO_ATTENTION_BACKENDS,
+    "ccnet": CRISS_CROSS_BACKENDS,
 }
 
 

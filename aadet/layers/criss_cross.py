@@ -22,13 +22,13 @@ Plain ``nn.Module`` layers, usable without Detectron2 (only a norm named by a De
 other than ``"BN"`` imports it).
 """
 from collections import OrderedDict
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .attention_stem import NormSpec, _make_norm
-from .functional.checks import argument_error, check_num_heads, check_positive_int
+from .functional.checks import ErrorFactory, argument_error, check_num_heads, check_positive_int
 from .functional.criss_cross import CRISS_CROSS_BACKENDS, criss_cross_attention_2d_unchecked
 from .functional.dispatch import AUTO
 from .local_attention import merge_heads, split_heads
@@ -36,21 +36,28 @@ from .local_attention import merge_heads, split_heads
 __all__ = ["CrissCrossAttention2d", "RecurrentCrissCrossAttention", "check_criss_cross_heads"]
 
 
-def check_criss_cross_heads(num_heads, reduction, channels: int, channels_name: str = "channels") -> int:
+def check_criss_cross_heads(
+    num_heads, reduction, channels: int, channels_name: str = "channels", *,
+    names: Tuple[str, str] = ("num_heads", "reduction"), error: ErrorFactory = argument_error,
+) -> int:
     """``reduction`` an integer in ``[1, channels]`` (``q, k`` get ``channels // reduction >= 1``
     channels) and ``num_heads`` dividing both that width and ``channels`` (``v``'s). Returns the
     ``q, k`` width ``channels // reduction``. ``channels_name``: how the caller knows
-    ``channels``."""
+    ``channels``; ``names``: of ``num_heads`` and ``reduction`` in the message (config keys with
+    ``error=config_error``)."""
+    heads_name, reduction_name = names
     if isinstance(reduction, bool) or not isinstance(reduction, int) or not 1 <= reduction <= channels:
-        raise argument_error(
-            "reduction",
+        raise error(
+            reduction_name,
             f"an integer in [1, {channels_name}={channels}] (q and k get {channels_name} // "
             "reduction >= 1 channels)",
             reduction,
         )
     qk = channels // reduction
-    check_num_heads(num_heads, qk, channels_name=f"{channels_name} // reduction = {qk} (the q/k width)")
-    check_num_heads(num_heads, channels, channels_name=f"{channels_name}={channels} (the v width)")
+    what = f"{channels_name} // reduction = {qk} (the q/k width)"
+    check_num_heads(num_heads, qk, name=heads_name, channels_name=what, error=error)
+    check_num_heads(num_heads, channels, name=heads_name, channels_name=f"{channels_name}={channels} (the v width)",
+                    error=error)
     return qk
 
 
@@ -111,6 +118,32 @@ class CrissCrossAttention2d(nn.Module):
         """``[B, C, H, W]`` -> ``x + gamma * attention(x)``, ``[B, C, H, W]``."""
         out = self.attention(x)
         return x + self.gamma.to(out.dtype) * out
+
+    ATTENTION_FLOP_COMPONENTS = ("content_logits", "weighted_sum")
+
+    def flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> Dict[str, int]:
+        """Multiply-adds of one call on a ``[batch, C, H, W]`` input (fvcore's convention: 1 MAC =
+        1 flop; the papers count 2 FLOPs per MAC). With ``n = H W`` pixels, ``d = C // reduction``
+        and ``H + W - 1`` keys a pixel (its column and its row, itself once), per image:
+
+        * ``projections``: ``n C (2 d + C)`` (``q, k`` to ``d``, ``v`` to ``C``);
+        * ``content_logits``: ``n (H + W - 1) d``;
+        * ``weighted_sum``: ``n (H + W - 1) C``;
+        * ``total``: their sum; everything times ``batch``.
+        """
+        h, w = input_hw
+        n, keys, c, d = h * w, h + w - 1, self.in_channels, self.query.out_channels
+        out = {"projections": n * c * (2 * d + c), "content_logits": n * keys * d, "weighted_sum": n * keys * c}
+        out = {k: batch * v for k, v in out.items()}
+        out["total"] = sum(out.values())
+        return out
+
+    def implementation_flop_count(self, input_hw: Tuple[int, int], batch: int = 1) -> int:
+        """Multiply-adds of the attention as the ``"materialized"`` route computes it, to compare
+        with the :attr:`ATTENTION_FLOP_COMPONENTS` of :meth:`flop_count`: the column and the row
+        products each score the pixel itself (``H + W`` keys, one of them masked)."""
+        h, w = input_hw
+        return batch * h * w * (h + w) * (self.query.out_channels + self.in_channels)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, num_heads={self.num_heads}, reduction={self.reduction}, impl={self.impl!r}"

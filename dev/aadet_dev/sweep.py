@@ -16,7 +16,9 @@ output and every gradient are finite, the agreement with the float64 brute force
 * Agreement (:class:`Capture`): during the measured forward, the arguments and the output of the
   layer's functional core are kept for image 0; :func:`reference_error` runs the brute force on
   :data:`SAMPLE_QUERIES` query pixels of it in float64 and gives ``||out - ref|| / ||ref||``,
-  held to :data:`TOLERANCE` of the precision. The stem's core has no functional front end: its
+  held to :data:`TOLERANCE` of the precision (CCNet's block as built: its ``gamma`` is 0, so its
+  output is its input and the attention's gradients are zero; the core's output is checked). The
+  stem's core has no functional front end: its
   reference is the same layer in float64 on the CPU (the ``projected`` route, which the CPU tests
   hold to its brute force).
 * Bisection (:func:`bisect_sdpa`): a case that is not finite or not within tolerance is run again
@@ -41,9 +43,11 @@ from torch import nn
 
 from aadet.layers import attention_stem as stem_module
 from aadet.layers import augmented_conv as aa_module
+from aadet.layers import criss_cross as cc_module
 from aadet.layers import halo_attention as halo_module
 from aadet.layers import local_attention as sasa_module
 from aadet.layers.functional import (
+    CRISS_CROSS_BACKENDS,
     HALO_ATTENTION_BACKENDS,
     LOCAL_ATTENTION_BACKENDS,
     LOGIT_TABLE_BACKENDS,
@@ -85,6 +89,7 @@ FAMILIES = {
     sasa_module.LocalSelfAttention2d: ("sasa", LOCAL_ATTENTION_BACKENDS, sasa_module,
                                        "local_self_attention_2d_unchecked"),
     halo_module.HaloSelfAttention2d: ("halonet", HALO_ATTENTION_BACKENDS, halo_module, "halo_attention_2d_unchecked"),
+    cc_module.CrissCrossAttention2d: ("ccnet", CRISS_CROSS_BACKENDS, cc_module, "criss_cross_attention_2d_unchecked"),
     stem_module.SpatiallyAwareAttentionStem: ("stem", None, None, None),
 }
 
@@ -151,7 +156,9 @@ def collect_layers(configs: Sequence[str], *, size: Optional[int] = None, device
                     input=list(cin), output=list(cout), stride=_stride(cin, cout), configs=[],
                     module=copy.deepcopy(mod).cpu(),
                 )
-            shapes[key]["configs"].append(f"{os.path.splitext(os.path.basename(config))[0]}:{name}")
+            where = f"{os.path.splitext(os.path.basename(config))[0]}:{name}"
+            if where not in shapes[key]["configs"]:  # a layer called again (CCNet's shared block)
+                shapes[key]["configs"].append(where)
         del model
     return list(shapes.values())
 
@@ -271,7 +278,10 @@ def reference_error(layer: nn.Module, capture: Capture, cache: Optional[Referenc
 
 def _brute_force(layer: nn.Module, a: list, queries) -> torch.Tensor:
     """The float64 reference of ``layer``'s core on the arguments ``a`` at ``queries``."""
-    q, k, v, rel_h, rel_w = a[:5]
+    q, k, v = a[:3]
+    if isinstance(layer, cc_module.CrissCrossAttention2d):
+        return reference.criss_cross_attention_2d_reference(q, k, v, queries=queries)
+    rel_h, rel_w = a[3:5]
     if isinstance(layer, aa_module.AugmentedConv2d):
         ref = reference.relative_self_attention_2d_reference(q, k, v, rel_h, rel_w, queries=queries)
     elif isinstance(layer, halo_module.HaloSelfAttention2d):

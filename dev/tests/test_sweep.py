@@ -47,6 +47,17 @@ def test_shapes_come_from_building_the_configs(shapes):
         assert s["output"][0] > 0 and s["stride"] in (1, 2, 4), s.row()
 
 
+def test_the_criss_cross_block_is_swept_against_its_brute_force():
+    """CCNet's config: its RCCA's shared block, met twice a forward (R = 2), is one shape."""
+    shapes = sweep.collect_layers([f"{REPO}/configs/COCO-Detection/ccnet_retinanet_R_50_FPN_scratch_150ep.yaml"],
+                                  size=64)
+    (cc,) = [s for s in shapes if s["family"] == "ccnet"]
+    assert cc["input"] == cc["output"] == [256, 4, 4] and len(cc["configs"]) == 1
+    row = sweep.run_case(cc, "materialized", "fp32", batch=2, device="cpu", iters=1)
+    assert row["ok"] and row["error"] < 1e-5, row
+    assert sweep.routes_of(cc, "cuda") == ("materialized", sweep.CONV)
+
+
 def test_routes_are_the_registries_cuda_routes_and_a_conv(shapes):
     from aadet.layers.functional import LOCAL_ATTENTION_BACKENDS
 

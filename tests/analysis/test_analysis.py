@@ -12,7 +12,13 @@ from torch import nn
 
 from aadet.analysis import attention_flops, count_flops, parameter_breakdown
 from aadet.engine import load_config
-from aadet.layers import AugmentedConv2d, HaloSelfAttention2d, LocalSelfAttention2d, SpatiallyAwareAttentionStem
+from aadet.layers import (
+    AugmentedConv2d,
+    CrissCrossAttention2d,
+    HaloSelfAttention2d,
+    LocalSelfAttention2d,
+    SpatiallyAwareAttentionStem,
+)
 
 from tests.helpers import REPO
 
@@ -27,6 +33,10 @@ COCO_PARAMS = {
     "aa_retinanet_R_50_FPN_scratch_150ep_pos_none": (33400292, 23062768, 3870208, 6467316),
     "aa_retinanet_R_50_FPN_scratch_150ep_pos_sine2d": (33400292, 23062768, 3870208, 6467316),
     # SASA conv stem's placement, tables of 21 rows instead of 7: + 6,608 (tests/modeling/test_halo_models.py)
+    # the conv R50's + one RCCA in res4 (C = 1024, inter 256): conva 3x3 2,359,296 + BN 512, the
+    # block's q, k (256 -> 32, bias) 2 x 8,224 + v (256 -> 256, bias) 65,792 + gamma 1, convb 3x3
+    # 589,824 + BN 512, bottleneck 3x3 (1280 -> 1024) 11,796,480 + BN 2,048 = 14,830,913
+    "ccnet_retinanet_R_50_FPN_scratch_150ep": (48676469, 38338945, 3870208, 6467316),
     "halo_retinanet_R_50_FPN_scratch_150ep": (26310636, 15973112, 3870208, 6467316),
     "retinanet_R_101_FPN_scratch_150ep": (52837684, 42500160, 3870208, 6467316),
     "retinanet_R_50_FPN_scratch_150ep": (33845556, 23508032, 3870208, 6467316),
@@ -123,6 +133,21 @@ def test_halo_layer_flops_match_hand_count():
     assert report.total == projections + attention
     assert report.unsupported_ops == {}
     assert report.overhead == b * nq * c * (2 * (bs + hs) - 1 - u)  # all 9 offsets' tables vs 6
+
+
+def test_criss_cross_block_flops_match_hand_count():
+    """Each pixel against the H + W - 1 pixels of its column and row (itself once); the
+    materialized route's own count scores the pixel twice (the overhead)."""
+    b, c, h, w, reduction = 2, 16, 5, 7, 4
+    layer = CrissCrossAttention2d(c, num_heads=2, reduction=reduction).eval()
+    report = count_flops(layer, torch.randn(b, c, h, w))
+    n, d, keys = h * w, c // reduction, h + w - 1
+    projections = b * n * c * (2 * d + c)  # q, k, v 1x1 convs (fvcore)
+    attention = b * n * keys * (d + c)
+    assert report.attention == attention > 0
+    assert report.total == projections + attention
+    assert report.unsupported_ops == {}
+    assert report.overhead == b * n * (d + c)  # the pixel scored by its column and its row
 
 
 def test_aa_layer_flops_match_hand_count():

@@ -59,7 +59,7 @@ def test_every_trainable_yaml_has_its_twin():
         if os.sep + "common" + os.sep not in p
     }
     assert twins == {os.path.relpath(_twin(c), REPO) for c in YAMLS}
-    assert len(YAMLS) == 17  # 12 COCO (11 paper rows + HaloNet) and 5 demos
+    assert len(YAMLS) == 19  # 13 COCO (11 paper rows, HaloNet, CCNet) and 6 demos
 
 
 @pytest.mark.parametrize("config", YAMLS)
@@ -282,7 +282,7 @@ def test_tools_read_the_same_settings_from_either(config):
         k: v for k, v in vars(twin).items() if k not in skip
     }
     by_kind = {kind: route for kind, route in ours.attention_routes.values()}
-    attention = any(w in os.path.basename(config).lower() for w in ("aa_", "sasa", "halo"))
+    attention = any(w in os.path.basename(config).lower() for w in ("aa_", "sasa", "halo", "ccnet"))
     assert bool(twin.attention_routes) == attention, "the attention models' routes are checked"
     for key, (kind, route) in twin.attention_routes.items():
         assert route == by_kind[kind], key
