@@ -1,4 +1,4 @@
-"""aadet: self-attention (AA, SASA and HaloNet) backbones, FPN and heads for Detectron2 detectors.
+"""aadet: self-attention (AA, SASA, HaloNet and CCNet) backbones, FPN and heads for Detectron2 detectors.
 
 Importing ``aadet`` registers its backbones, heads and meta-architecture in Detectron2's
 registries; :func:`add_aadet_config` adds its config keys.
