@@ -292,11 +292,17 @@ def _targets_table(stage: dict) -> str:
                           align="lllrrl")
 
 
-def _config_cell(r: Optional[dict]) -> str:
+def _config_cell(r: Optional[dict], base: Optional[dict] = None) -> str:
+    """A config's cell: "finite", with its median step where the stage timed it and its ratio to
+    ``base`` (the conv R50's row of the same precision) where that has one; else why not."""
     if r is None:
         return "–"
     if r["status"] == "ok":
-        return "finite"
+        ms = r.get("step_ms")
+        if ms is None:
+            return "finite"
+        base_ms = (base or {}).get("step_ms") if (base or {}).get("status") == "ok" else None
+        return f"finite, {ms:.0f} ms" + (f" ({ms / base_ms:.2f}x)" if base_ms else "")
     if r["status"] == "skipped":
         return short_error(r.get("error") or "not reached")
     error = r.get("error") or ""
@@ -319,7 +325,11 @@ def _configs_section(stage: dict) -> List[str]:
     precisions = list(dict.fromkeys(r["precision"] for r in results))
     by = {(r["config"], r["precision"]): r for r in results}
     configs = list(dict.fromkeys(r["config"] for r in results))
-    rows = [[f"`{c}`"] + [_config_cell(by.get((c, p))) for p in precisions] for c in configs]
+    rows = [[f"`{c}`"] + [_config_cell(by.get((c, p)), by.get((_BASELINE, p))) for p in precisions] for c in configs]
+    if any(r.get("step_ms") is not None for r in results):
+        out.append(f"\nA finite run's median training step (ms; the first of its iterations warms up) and its ratio "
+                   f"to `{_BASELINE}`'s of the same run and precision, at the config's own size: the COCO "
+                   "configs at the benchmarks' size and batch, but fewer iterations, with the config's optimizer.\n")
     out.append("\n" + markdown_table(["Config"] + precisions, rows, align="l" * (len(precisions) + 1)))
     errors: Dict[str, List[str]] = {}
     for r in results:
