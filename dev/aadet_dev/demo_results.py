@@ -56,6 +56,7 @@ DEMOS = (
     "trees_SASA_R_26_slim_FPN",
     "trees_SASA_full_attention_R_26_slim",
     "trees_Halo_R_26_slim_FPN",
+    "trees_CCNet_R_26_slim_FPN",
 )
 #: The seeds every config runs, in table order.
 SEEDS = (42, 7, 123)

@@ -328,8 +328,7 @@ def _configs_section(stage: dict) -> List[str]:
     rows = [[f"`{c}`"] + [_config_cell(by.get((c, p)), by.get((_BASELINE, p))) for p in precisions] for c in configs]
     if any(r.get("step_ms") is not None for r in results):
         out.append(f"\nA finite run's median training step (ms; the first of its iterations warms up) and its ratio "
-                   f"to `{_BASELINE}`'s of the same run and precision, at the config's own size: the COCO "
-                   "configs at the benchmarks' size and batch, but fewer iterations, with the config's optimizer.\n")
+                   f"to `{_BASELINE}`'s of the same run and precision, {shape}, with the config's optimizer.\n")
     out.append("\n" + markdown_table(["Config"] + precisions, rows, align="l" * (len(precisions) + 1)))
     errors: Dict[str, List[str]] = {}
     for r in results:
