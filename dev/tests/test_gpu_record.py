@@ -66,7 +66,8 @@ def test_the_newest_record_is_rendered_and_stages_must_be_of_its_commit(tmp_path
 def test_the_configs_stage_shows_each_finite_runs_step_and_its_ratio_to_the_conv_r50():
     rows = [dict(config=CONV, precision="fp32", status="ok", step_ms=112.0),
             dict(config=AA, precision="fp32", status="ok", step_ms=191.0),
-            dict(config=CONV, precision="bf16", status="failed", error="FloatingPointError: iteration 1: non-finite gradients in [x]"),
+            dict(config=CONV, precision="bf16", status="failed",
+                 error="FloatingPointError: iteration 1: non-finite gradients in [x]"),
             dict(config=AA, precision="bf16", status="ok", step_ms=180.0),
             dict(config="older", precision="fp32", status="ok")]  # a record made before steps were timed
     text = "".join(gpu_record._configs_section(dict(status="failed", results=rows, iters=20)))
