@@ -305,6 +305,9 @@ def test_training_step_fully_attentional_retinanet(stem):
     cfg = small_cfg(STEM=stem)
     cfg.MODEL.FPN.SPATIAL_LAYER = "attention"
     cfg.MODEL.RETINANET.HEAD_NAME = "AttentionRetinaNetHead"
+    # every probed layer gets a gradient at init: with the COCO recipe's zero init a block's branch
+    # starts at 0 and its layers get none before the first step
+    cfg.MODEL.RESNETS.ZERO_INIT_RESIDUAL = False
     model = build_model(cfg)
     model.train()
     with EventStorage(0):
