@@ -46,6 +46,7 @@ from .layers.augmented_conv import KAPPA_RANGE, NU_RANGE
 from .layers.augmented_conv import POSITIONAL_ENCODINGS as AA_POSITIONAL_ENCODINGS
 from .layers.functional.checks import (
     Interval,
+    check_bool,
     check_in,
     check_int,
     check_halo_size,
@@ -395,6 +396,11 @@ def add_ccnet_config(cfg):
     # (paper, COCO Mask R-CNN: one RCCA before the last block of res4, where the non-local
     # network puts its block).
     cc.STAGE = "res4"
+    # True: the module as a residual block, x + RCCA(x), starting as the identity (the scale of
+    # its bottleneck's norm zeroed), the way the non-local network inserts its block into a
+    # ResNet, which the paper's COCO experiment follows; False: RCCA's output replaces the
+    # features, as in CCNet's segmentation head.
+    cc.RESIDUAL = True
     # R: passes of the one shared criss-cross block, an integer >= 1 (paper: 2, which reaches
     # every pixel of the map; 1 reaches only each pixel's row and column).
     cc.RECURRENCE = layer["recurrence"]
@@ -599,6 +605,7 @@ def check_ccnet_config(cfg):
     heads' and the reduction's fit to the stage's width is checked when the module is built)."""
     cc = cfg.MODEL.CCNET
     check_one_of(cc.STAGE, CCNET_STAGES, "MODEL.CCNET.STAGE", config_error)
+    check_bool(cc.RESIDUAL, "MODEL.CCNET.RESIDUAL", config_error)
     check_int(cc.RECURRENCE, "MODEL.CCNET.RECURRENCE", 1, config_error)
     check_int(cc.NUM_HEADS, "MODEL.CCNET.NUM_HEADS", 1, config_error)
     check_int(cc.REDUCTION, "MODEL.CCNET.REDUCTION", 1, config_error)

@@ -28,12 +28,17 @@ import torch
 from torch import nn
 
 from .attention_stem import NormSpec, _make_norm
-from .functional.checks import ErrorFactory, argument_error, check_num_heads, check_positive_int
+from .functional.checks import ErrorFactory, argument_error, check_bool, check_num_heads, check_positive_int
 from .functional.criss_cross import CRISS_CROSS_BACKENDS, criss_cross_attention_2d_unchecked
 from .functional.dispatch import AUTO
 from .local_attention import merge_heads, split_heads
 
-__all__ = ["CrissCrossAttention2d", "RecurrentCrissCrossAttention", "check_criss_cross_heads"]
+__all__ = [
+    "CrissCrossAttention2d",
+    "RecurrentCrissCrossAttention",
+    "check_criss_cross_heads",
+    "rcca_inter_channels",
+]
 
 
 def check_criss_cross_heads(
@@ -59,6 +64,26 @@ def check_criss_cross_heads(
     check_num_heads(num_heads, channels, name=heads_name, channels_name=f"{channels_name}={channels} (the v width)",
                     error=error)
     return qk
+
+
+def rcca_inter_channels(
+    in_channels: int, inter_channels, *, name: str = "inter_channels", default=None,
+    error: ErrorFactory = argument_error,
+) -> int:
+    """The width RCCA attends in: ``inter_channels``, an integer >= 1, or where it is ``default``
+    (how the caller says "the paper's": the layer's ``None``, the config's 0) ``in_channels // 4``
+    (512 for a 2048-channel res5), which must then be >= 1. ``name``: of ``inter_channels`` in
+    the message (a config key with ``error=config_error``)."""
+    uses_default = inter_channels is None if default is None else (
+        type(inter_channels) is int and inter_channels == default)
+    if uses_default:
+        inter = in_channels // 4
+        if inter < 1:
+            raise error(name, f"an integer >= 1 ({default!r} means in_channels // 4, which is 0 for "
+                        f"in_channels={in_channels})", inter_channels)
+        return inter
+    check_positive_int(inter_channels, name, error)
+    return inter_channels
 
 
 def _check_input(module: nn.Module, x: torch.Tensor) -> None:
@@ -149,8 +174,8 @@ class CrissCrossAttention2d(nn.Module):
         return f"{self.in_channels}, num_heads={self.num_heads}, reduction={self.reduction}, impl={self.impl!r}"
 
 
-def _conv_norm_relu(in_channels: int, out_channels: int, norm: NormSpec) -> nn.Sequential:
-    """A 3x3 conv (padding 1; a bias only without a norm), the norm, ReLU:
+def _conv_norm_relu(in_channels: int, out_channels: int, norm: NormSpec, relu: bool = True) -> nn.Sequential:
+    """A 3x3 conv (padding 1; a bias only without a norm), the norm, ReLU (where ``relu``):
     ``[B, in, H, W]`` -> ``[B, out, H, W]``. The conv is MSRA-filled (Detectron2's
     ``c2_msra_fill``: He normal, fan-out)."""
     norm_module = _make_norm(norm, out_channels)
@@ -159,7 +184,7 @@ def _conv_norm_relu(in_channels: int, out_channels: int, norm: NormSpec) -> nn.S
     if conv.bias is not None:
         nn.init.zeros_(conv.bias)
     layers = [("conv", conv)] + ([("norm", norm_module)] if norm_module is not None else [])
-    return nn.Sequential(OrderedDict(layers + [("relu", nn.ReLU())]))
+    return nn.Sequential(OrderedDict(layers + ([("relu", nn.ReLU())] if relu else [])))
 
 
 class RecurrentCrissCrossAttention(nn.Module):
@@ -183,6 +208,8 @@ class RecurrentCrissCrossAttention(nn.Module):
         num_heads, reduction, impl: of the block (:class:`CrissCrossAttention2d`; paper: 1, 8).
         norm: ``"BN"`` (default), another name of Detectron2's ``get_norm`` (``"GN"``, ...),
             ``""`` (none: the convs get a bias), a module, or a callable ``channels -> module``.
+        bottleneck_relu: whether the bottleneck ends with its ReLU (the paper's module: True);
+            False for a residual branch, which ends at its norm (the ReLU follows the sum).
     """
 
     def __init__(
@@ -195,23 +222,15 @@ class RecurrentCrissCrossAttention(nn.Module):
         num_heads: int = 1,
         reduction: int = 8,
         norm: NormSpec = "BN",
+        bottleneck_relu: bool = True,
         impl: str = AUTO,
     ):
         super().__init__()
         check_positive_int(in_channels, "in_channels")
         check_positive_int(out_channels, "out_channels")
-        if inter_channels is None:
-            inter = in_channels // 4
-            if inter < 1:
-                raise argument_error(
-                    "inter_channels",
-                    f"an integer >= 1 (None means in_channels // 4, which is 0 for in_channels={in_channels})",
-                    inter_channels,
-                )
-        else:
-            check_positive_int(inter_channels, "inter_channels")
-            inter = inter_channels
+        inter = rcca_inter_channels(in_channels, inter_channels)
         check_positive_int(recurrence, "recurrence")
+        check_bool(bottleneck_relu, "bottleneck_relu")
         check_criss_cross_heads(num_heads, reduction, inter, "inter_channels")
         CRISS_CROSS_BACKENDS.check(impl)
         self.in_channels = in_channels
@@ -221,7 +240,7 @@ class RecurrentCrissCrossAttention(nn.Module):
         self.conva = _conv_norm_relu(in_channels, inter, norm)
         self.cca = CrissCrossAttention2d(inter, num_heads=num_heads, reduction=reduction, impl=impl)
         self.convb = _conv_norm_relu(inter, inter, norm)
-        self.bottleneck = _conv_norm_relu(in_channels + inter, out_channels, norm)
+        self.bottleneck = _conv_norm_relu(in_channels + inter, out_channels, norm, relu=bottleneck_relu)
 
     def recurrent_attention(self, y: torch.Tensor) -> torch.Tensor:
         """The shared block ``cca`` applied ``recurrence`` times: ``[B, inter, H, W]`` ->

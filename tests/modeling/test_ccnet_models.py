@@ -10,12 +10,13 @@ from detectron2.modeling import build_backbone, build_model
 from torch import nn
 
 import aadet  # noqa: F401
-from aadet.config import ConfigValueError
+from aadet.config import ConfigValueError, check_ccnet_config
 from aadet.engine import load_config
 from aadet.layers import RecurrentCrissCrossAttention
 from aadet.modeling.backbone import build_ccnet_resnet_backbone
-from aadet.modeling.backbone.ccnet_resnet import CrissCrossBlock
+from aadet.modeling.backbone.ccnet_resnet import CrissCrossBlock, insert_criss_cross
 from detectron2.modeling.backbone import BasicStem
+from detectron2.modeling.backbone.resnet import BasicBlock, ResNet
 
 from tests.helpers import REPO
 
@@ -61,11 +62,18 @@ def test_the_module_takes_the_resnet_norm_and_freezes_with_its_stage():
 @pytest.mark.parametrize("key,value", [
     ("MODEL.CCNET.REDUCTION", 512),  # q/k of 256 // 512 = 0 channels in res4
     ("MODEL.CCNET.NUM_HEADS", 3),  # divides neither 32 (q/k) nor 256 (v)
-    ("MODEL.CCNET.INTER_CHANNELS", -1),
+    ("MODEL.CCNET.INTER_CHANNELS", -1),  # at load
 ])
 def test_keys_that_do_not_fit_the_stage_are_named_at_build_time(key, value):
     with pytest.raises(ConfigValueError, match=key.replace(".", r"\.")):
         build_backbone(_cfg(CCNET, key, value))
+
+
+def test_the_default_width_is_checked_against_the_stage():
+    with pytest.raises(ConfigValueError, match=r"MODEL\.CCNET\.INTER_CHANNELS must be an integer >= 1 \(0 means "
+                       r"in_channels // 4, which is 0 for in_channels=2\); got 0"):
+        tiny = ResNet(BasicStem(3, 2, norm=""), [ResNet.make_stage(BasicBlock, 2, in_channels=2, out_channels=2)])
+        insert_criss_cross(tiny, "res2", norm="", inter_channels=None)
 
 
 def test_plain_arguments_name_the_argument():
@@ -78,3 +86,28 @@ def test_plain_arguments_name_the_argument():
     model = build_ccnet_resnet_backbone(stem=stem, ccnet_stage="res5", criss_cross=dict(recurrence=1), **resnet)
     assert isinstance(model.res5[2], CrissCrossBlock) and model.res5[2].rcca.recurrence == 1
     assert model.output_shape() == {"res5": ShapeSpec(channels=2048, stride=32)}
+
+
+@pytest.mark.parametrize("norm", ["BN", ""])
+def test_the_residual_block_starts_as_the_identity_and_learns_out_of_it(norm):
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 9, 7).relu()  # a stage's features: after a block's ReLU
+    block = CrissCrossBlock(64, norm=norm)  # residual by default (MODEL.CCNET.RESIDUAL True)
+    out = block(x)
+    assert torch.equal(out, x)
+    (out * torch.randn_like(out)).sum().backward()
+    zeroed = block.rcca.bottleneck.norm if norm else block.rcca.bottleneck.conv
+    assert zeroed.weight.grad.abs().max() > 1e-3  # the zeroed scale gets a gradient: the module can grow
+    replacing = CrissCrossBlock(64, norm=norm, residual=False)
+    assert (replacing(x) - x).abs().max() > 0.1
+
+
+def test_residual_key_reaches_the_block():
+    assert build_backbone(_cfg()).bottom_up.res4[5].residual is True
+    block = build_backbone(_cfg(CCNET, "MODEL.CCNET.RESIDUAL", False)).bottom_up.res4[5]
+    assert block.residual is False and block.rcca.bottleneck.norm.weight.abs().min() > 0
+    cfg = _cfg()
+    cfg.defrost()
+    cfg.MODEL.CCNET.RESIDUAL = 1  # set in code (yacs itself keeps a file's or a command line's type)
+    with pytest.raises(ConfigValueError, match=r"MODEL\.CCNET\.RESIDUAL must be True or False; got 1"):
+        check_ccnet_config(cfg)
