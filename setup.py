@@ -12,7 +12,10 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["aadet", "aadet.*"]),
-    package_data={"aadet.layers.functional.backends": ["csrc/*.cpp"]},
+    package_data={
+        "aadet.layers.functional": ["route_table_cuda.json"],  # impl="auto"'s CUDA routes
+        "aadet.layers.functional.backends": ["csrc/*.cpp"],
+    },
     python_requires=">=3.8",
     install_requires=[
         "torch>=2.1",

@@ -94,6 +94,7 @@ from aadet.benchmark.report import write_json  # noqa: E402
 from aadet.benchmark.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 from aadet.benchmark.timing import environment_info, run_worker  # noqa: E402
 from aadet.engine.run_summary import last_box_metrics  # noqa: E402
+from aadet.layers.functional.route_table import capability  # noqa: E402
 from aadet_dev import gpu_report  # noqa: E402
 from aadet_dev.checkout import checkout_state  # noqa: E402
 
@@ -112,6 +113,8 @@ def gpu_environment(device: str) -> dict:
     """Device name, torch / Triton / CUDA / driver / Detectron2 versions."""
     env = environment_info(device)
     env["cuda"] = torch.version.cuda  # the CUDA torch was built with (None: a CPU build)
+    # the route table's key (aadet/layers/functional/route_table.py)
+    env["capability"] = capability(torch.device(device)) if torch.device(device).type == "cuda" else None
     try:
         import triton
 

@@ -46,7 +46,7 @@ CPU_RUNS: Dict[str, tuple] = {
     "demo": ("tools/benchmark.py", [
         "--configs", _DEMO.format("R_26_slim_FPN"), _DEMO.format("AA_R_26_slim_FPN"),
         _DEMO.format("SASA_R_26_slim_FPN"), _DEMO.format("SASA_full_attention_R_26_slim"),
-        _DEMO.format("Halo_R_26_slim_FPN"),
+        _DEMO.format("Halo_R_26_slim_FPN"), _DEMO.format("CCNet_R_26_slim_FPN"),
         "--device", "cpu", "--size", "400", "--batch", "2", "--warmup", "2", "--iters", "10",
         "--interleave", "--no-inference"]),
     "coco": ("tools/benchmark.py", [
@@ -55,6 +55,7 @@ CPU_RUNS: Dict[str, tuple] = {
         _COCO.format("sasa_convstem_retinanet_R_50_FPN_scratch_150ep"),
         _COCO.format("sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"),
         _COCO.format("halo_retinanet_R_50_FPN_scratch_150ep"),
+        _COCO.format("ccnet_retinanet_R_50_FPN_scratch_150ep"),
         "--device", "cpu", "--size", "256", "--batch", "1", "--warmup", "1", "--iters", "5",
         "--interleave"]),
 }
@@ -79,6 +80,7 @@ CPU_TARGETS = (
            "train_ms_ratio", 1.3),
     Target("demo all attention vs conv demo, training step", "configs",
            "trees_SASA_full_attention_R_26_slim", "train_ms_ratio", 2.0),
+    Target("demo CCNet vs conv demo, training step", "configs", "trees_CCNet_R_26_slim_FPN", "train_ms_ratio", 1.15),
     Target("COCO AA-R50 at 256 px vs conv R50, training step", "configs",
            "aa_retinanet_R_50_FPN_scratch_150ep", "train_ms_ratio", 1.05),
     Target("COCO SASA backbone R50 at 256 px vs conv R50, training step", "configs",

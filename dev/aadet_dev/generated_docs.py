@@ -9,7 +9,8 @@ learning table of ``docs/testing.md``; from ``docs/benchmarks_cpu.json`` and the
 targets (the GPU run ``docs/benchmarks_cuda.json`` once there is one); from the COCO configs, the
 model table and ``docs/benchmarks_cuda.json``: the cost tables of ``docs/reproduce_coco.md``
 (:mod:`aadet_dev.cost`); from the newest GPU run record under ``docs/runs/gpu``: BENCHMARKS.md's
-GPU run section and the README's GPU line (:mod:`aadet_dev.gpu_record`). The model table's other
+GPU run section and the README's GPU line (:mod:`aadet_dev.gpu_record`); from the CUDA route
+table (``aadet/layers/functional/route_table_cuda.json``): BENCHMARKS.md's route table. The model table's other
 columns are kept as committed, or, with ``model_table``, counted again from every config.
 """
 import difflib
@@ -19,6 +20,7 @@ from typing import Callable, Dict
 
 from aadet.analysis.model_stats import analyze_config, list_configs
 from aadet.benchmark.report import render_model_table
+from aadet.layers.functional.route_table import load_route_table
 
 from . import cost, gpu_record
 from .benchmark_tables import (
@@ -28,6 +30,7 @@ from .benchmark_tables import (
     spread_line,
 )
 from .cpu_report import render_cpu_markdown
+from .route_table import render_route_table
 from .gpu_report import render_benchmarks_markdown, render_targets_markdown
 from .demo_results import (
     DEMOS,
@@ -93,6 +96,7 @@ def _benchmarks_md(text: str, repo: str, record=None) -> str:
     else:
         gpu = gpu_record.render_targets_intro(record) + render_targets_markdown()
     text = replace_block(text, "gpu", gpu)
+    text = replace_block(text, "route-table", render_route_table(load_route_table()))
     return replace_block(text, "gpu-run", gpu_record.render_record(record))
 
 

@@ -24,7 +24,8 @@ import torch
 
 from .backends.ccnet_materialized import materialized_criss_cross_attention
 from .checks import check_criss_cross_attention
-from .dispatch import AUTO, Route, RouteRegistry
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting
+from .route_table import CUDA_DEFAULT_ROUTES, measured_route
 
 __all__ = [
     "CRISS_CROSS_BACKENDS",
@@ -50,10 +51,13 @@ __doc__ = CRISS_CROSS_BACKENDS.document(__doc__, "CRISS_CROSS_BACKENDS")
 
 
 def auto_criss_cross_attention_impl(q: torch.Tensor) -> str:
-    """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` everywhere (eager, CPU and
-    CUDA, tracing and exporting). A fused route would take over only where it is measured faster,
-    and none is registered yet."""
-    return "materialized"
+    """What ``impl="auto"`` runs for queries ``q``: on CUDA the route measured fastest for the GPU,
+    precision and map size (:func:`~.route_table.measured_route`), else ``"materialized"``
+    (CPU, tracing and exporting: the one route registered yet)."""
+    measured = None if is_exporting() else measured_route("ccnet", CRISS_CROSS_BACKENDS, q, q.shape[2] * q.shape[3])
+    if measured is not None:
+        return measured
+    return CUDA_DEFAULT_ROUTES["ccnet"] if q.device.type == "cuda" else "materialized"
 
 
 def criss_cross_attention_2d(

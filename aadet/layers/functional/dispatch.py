@@ -15,6 +15,7 @@ plain differentiable tensor ops -- no custom ``torch.autograd.Function`` (traced
 opset 17. Such routes are flagged ``exports=True``.
 """
 import importlib
+import importlib.util
 from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
@@ -40,6 +41,8 @@ class Route(NamedTuple):
         recompute: it takes the ``recompute`` keyword and, given True, keeps no attention
             weights for backward but recomputes them there (SASA's C++ kernel; Triton's kernels,
             which always do, drop the keyword).
+        requires: modules it imports when it runs (e.g. ``("triton",)``): ``"auto"`` takes it only
+            where they can be imported (:meth:`usable`).
     """
 
     fn: Callable[..., torch.Tensor]
@@ -48,6 +51,11 @@ class Route(NamedTuple):
     cuda: bool = True
     blocked: bool = False
     recompute: bool = False
+    requires: Tuple[str, ...] = ()
+
+    def usable(self) -> bool:
+        """Every module of :attr:`requires` can be imported here (found, not imported)."""
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
 
 
 class RouteRegistry(Dict[str, Route]):

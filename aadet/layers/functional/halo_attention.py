@@ -47,6 +47,7 @@ from .backends.halonet_materialized import halo_probs, materialized_halo_attenti
 from .backends.halonet_sdpa import sdpa_halo_attention
 from .checks import check_halo_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting
+from .route_table import CUDA_DEFAULT_ROUTES, measured_route
 
 __all__ = [
     "HALO_ATTENTION_BACKENDS",
@@ -92,13 +93,18 @@ __doc__ = HALO_ATTENTION_BACKENDS.document(__doc__, "HALO_ATTENTION_BACKENDS")
 
 def auto_halo_attention_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
-    (plain tensor ops only), ``"fused"`` on CUDA (the one route that runs every block in one
-    fused kernel), on CPU the C++ kernel ``"cpp"`` where it builds (the fastest CPU route, and
-    the one that keeps the least for backward), else ``"bmm"`` (with one warning saying why)."""
+    (plain tensor ops only); on CUDA the route measured fastest for the GPU, precision and map
+    size (:func:`~.route_table.measured_route`), else ``"fused"`` (the one route that runs every
+    block in one fused kernel); on CPU the C++ kernel
+    ``"cpp"`` where it builds (the fastest CPU route, and the one that keeps the least for
+    backward), else ``"bmm"`` (with one warning saying why)."""
     if is_exporting():
         return "materialized"
+    measured = measured_route("halonet", HALO_ATTENTION_BACKENDS, q, q.shape[2] * q.shape[3])
+    if measured is not None:
+        return measured
     if q.device.type == "cuda":
-        return "fused"
+        return CUDA_DEFAULT_ROUTES["halonet"]
     if q.device.type == "cpu" and halonet_cpp.KERNEL.available():
         return "cpp"
     return "bmm"

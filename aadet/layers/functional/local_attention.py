@@ -51,6 +51,7 @@ from .backends.sasa_neighborhood import neighborhood_local_attention
 from .checks import ErrorFactory, argument_error, check_block_size, check_bool, check_local_attention
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 from .precision import compute_dtype
+from .route_table import CUDA_DEFAULT_ROUTES, measured_route
 
 __all__ = [
     "AUTO_RECOMPUTE_MAX_HEAD_CHANNELS",
@@ -108,6 +109,7 @@ LOCAL_ATTENTION_BACKENDS = RouteRegistry("SASA local attention", {
         "output and logsumexp saved for backward (it always recomputes); CUDA, or CPU under "
         "Triton's interpreter (:mod:`.backends.sasa_triton`)",
         recompute=True,
+        requires=("triton",),
     ),
 })
 __doc__ = LOCAL_ATTENTION_BACKENDS.document(__doc__, "LOCAL_ATTENTION_BACKENDS")
@@ -120,16 +122,21 @@ __doc__ = LOCAL_ATTENTION_BACKENDS.document(__doc__, "LOCAL_ATTENTION_BACKENDS")
 AUTO_RECOMPUTE_MAX_HEAD_CHANNELS = 16
 
 
-def auto_local_attention_impl(q: torch.Tensor, kernel_size: int) -> str:
+def auto_local_attention_impl(q: torch.Tensor, kernel_size: int, recompute: bool = False) -> str:
     """What ``impl="auto"`` runs for queries ``q``: ``"materialized"`` while tracing/exporting
-    (plain tensor ops only), ``"fused"`` on CUDA, and on CPU the C++ kernel ``"cpp"`` where it
-    builds and takes ``kernel_size`` (the fastest exact CPU route: below a 3x3 conv's training
-    time where ``"neighborhood"`` takes over twice it; figures in BENCHMARKS.md), else ``"neighborhood"``
-    (with one warning saying why)."""
+    (plain tensor ops only); on CUDA the route measured fastest for the GPU, precision and map
+    size (:func:`~.route_table.measured_route`; one that can ``recompute`` where asked), else
+    ``"fused"``; and on CPU the C++ kernel ``"cpp"`` where it builds and takes ``kernel_size``
+    (the fastest exact CPU route: below a 3x3 conv's training time where ``"neighborhood"`` takes
+    over twice it; figures in BENCHMARKS.md), else ``"neighborhood"`` (with one warning saying
+    why)."""
     if is_exporting():
         return "materialized"
+    measured = measured_route("sasa", LOCAL_ATTENTION_BACKENDS, q, q.shape[2] * q.shape[3], recompute=recompute)
+    if measured is not None:
+        return measured
     if q.device.type == "cuda":
-        return "fused"
+        return CUDA_DEFAULT_ROUTES["sasa"]
     if kernel_size <= sasa_cpp.MAX_KERNEL_SIZE and sasa_cpp.KERNEL.available():
         return "cpp"
     return "neighborhood"
@@ -206,7 +213,7 @@ def local_self_attention_2d_unchecked(
     its forward, having checked ``kernel_size``, ``block_size``, ``impl`` and ``recompute`` when
     it was built and made ``q, k, v`` and the embeddings itself."""
     if impl == AUTO:
-        impl = auto_local_attention_impl(q, kernel_size)
+        impl = auto_local_attention_impl(q, kernel_size, recompute)
         if impl == "cpp" and q.shape[-1] <= AUTO_RECOMPUTE_MAX_HEAD_CHANNELS:
             recompute = True  # faster at narrow heads (module docstring)
     route = LOCAL_ATTENTION_BACKENDS[impl]

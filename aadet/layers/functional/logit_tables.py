@@ -26,6 +26,7 @@ from .backends.aa_materialized import materialized_attention_with_logit_tables
 from .backends.aa_sdpa import sdpa_attention_with_logit_tables
 from .checks import check_logit_tables, check_query_chunk
 from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
+from .route_table import CUDA_DEFAULT_ROUTES, measured_route
 
 __all__ = [
     "LOGIT_TABLE_BACKENDS",
@@ -58,6 +59,7 @@ LOGIT_TABLE_BACKENDS = RouteRegistry("attention with logit tables", {
         ),
         "flash attention with AA's row/column tables added in the kernel (no head widening); "
         "CUDA, or CPU under Triton's interpreter (:mod:`.backends.aa_triton`)",
+        requires=("triton",),
     ),
     "flex": Route(
         lazy_backend(
@@ -65,6 +67,7 @@ LOGIT_TABLE_BACKENDS = RouteRegistry("attention with logit tables", {
         ),
         "``flex_attention`` with the tables in its ``score_mod``; backward on CUDA only "
         "(:mod:`.backends.aa_flex`)",
+        requires=("triton",),  # compiled by Inductor, which generates Triton on CUDA
     ),
     "cpp": Route(
         cpp_attention_with_logit_tables,
@@ -80,10 +83,17 @@ __doc__ = LOGIT_TABLE_BACKENDS.document(__doc__, "LOGIT_TABLE_BACKENDS")
 def auto_logit_table_impl(q: torch.Tensor) -> str:
     """What ``impl="auto"`` runs: ``"materialized"`` for float64 (references, gradcheck: no fused
     kernel worth using) and while tracing/exporting (plain tensor ops only); on CPU the C++ kernel
-    ``"cpp"`` where it builds (the fastest exact CPU route by BENCHMARKS.md's AA layer table);
+    ``"cpp"`` where it builds (the fastest exact CPU route by BENCHMARKS.md's AA layer table); on
+    CUDA the route measured fastest for the GPU, precision and query count ``Lq``
+    (:func:`~.route_table.measured_route`), else the default (:data:`~.route_table.CUDA_DEFAULT_ROUTES`);
     else ``"fused"`` (SDPA; on CPU with one warning where the kernel did not build)."""
     if q.dtype == torch.float64 or is_exporting():
         return "materialized"
+    measured = measured_route("aa", LOGIT_TABLE_BACKENDS, q, q.shape[-2])
+    if measured is not None:
+        return measured
+    if q.device.type == "cuda":
+        return CUDA_DEFAULT_ROUTES["aa"]
     if q.device.type == "cpu" and aa_cpp.KERNEL.available():
         return "cpp"
     return "fused"
