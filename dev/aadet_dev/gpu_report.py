@@ -100,6 +100,8 @@ BENCHMARK_CONFIGS = (
     "configs/COCO-Detection/sasa_convstem_retinanet_R_50_FPN_scratch_150ep.yaml",
     # SASA all-attention: attention stem, backbone, FPN and head.
     "configs/COCO-Detection/sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep.yaml",
+    # HaloNet: every spatial 3x3 conv of res2-res5 is blocked local attention (b 8, h 3).
+    "configs/COCO-Detection/halo_retinanet_R_50_FPN_scratch_150ep.yaml",
 )
 #: The layer every layer ratio is taken against (``dev/benchmark_layers.py``'s impl name).
 LAYER_REFERENCE = "conv3x3"
@@ -132,17 +134,21 @@ class Target(NamedTuple):
 _AA = "aa_retinanet_R_50_FPN_scratch_150ep"
 _SASA = "sasa_convstem_retinanet_R_50_FPN_scratch_150ep"
 _SASA_FULL = "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"
-#: The performance targets: the attention models' speed and memory as ratios to the conv R50
-#: RetinaNet, the SASA layer's to a 3x3 conv (one definition; every precision measured gets a
-#: verdict).
+_HALO = "halo_retinanet_R_50_FPN_scratch_150ep"
+#: The performance targets (issue 61 of the tracker): the attention models' speed and memory as
+#: ratios to the conv R50 RetinaNet, the SASA layer's to a 3x3 conv (one definition; every
+#: precision measured gets a verdict; bf16 AMP is the one the targets are about, fp32 beside it).
+#: AA-R50's training step has two: 1.25x first, then 1.10x.
 TARGETS = (
     Target("AA-R50 RetinaNet train time", "configs", _AA, "train_ms_ratio", 1.10),
-    Target("AA-R50 RetinaNet inference time", "configs", _AA, "infer_ms_ratio", 1.10),
-    Target("AA-R50 RetinaNet train memory", "configs", _AA, "train_peak_mib_ratio", 1.15),
+    Target("AA-R50 RetinaNet train time, first step", "configs", _AA, "train_ms_ratio", 1.25),
+    Target("AA-R50 RetinaNet inference time", "configs", _AA, "infer_ms_ratio", 1.30),
+    Target("AA-R50 RetinaNet train memory", "configs", _AA, "train_peak_mib_ratio", 1.30),
     Target("SASA attention-backbone RetinaNet train time", "configs", _SASA, "train_ms_ratio", 1.5),
     Target("SASA all-attention RetinaNet train time", "configs", _SASA_FULL, "train_ms_ratio", 2.0),
+    Target("HaloNet R50 RetinaNet train time", "configs", _HALO, "train_ms_ratio", 1.3),
     Target("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd time vs 3x3 conv", "layers", "sasa_*_80",
-           "train_ms_ratio", 2.0),
+           "train_ms_ratio", 1.0),
     Target("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd memory vs 3x3 conv", "layers",
            "sasa_*_80", "train_peak_mib_ratio", 2.0),
 )
