@@ -103,3 +103,15 @@ def test_the_committed_table_names_registered_cuda_routes():
         assert e["route"] in registries[e["family"]] and registries[e["family"]][e["route"]].cuda, e
         assert e["precision"] in route_table.PRECISIONS.values() and e["queries"] >= 1
         assert e["route"] in e["times_ms"]  # measured there (the choice's rule: dev/tests/test_route_table.py)
+
+
+def test_a_layer_calling_again_costs_one_dict_lookup(gpu, monkeypatch):
+    calls = []
+    lookup = route_table._table_route
+    monkeypatch.setattr(route_table, "_table_route", lambda *a: calls.append(a) or lookup(*a))
+    q = _aa_q(1234)
+    for _ in range(3):
+        assert route_table.measured_route("aa", LOGIT_TABLE_BACKENDS, q, 1234) == "materialized"
+    assert len(calls) == 1  # searched once a process (no other test asks for 1234 queries)
+    route_table.measured_route("aa", LOGIT_TABLE_BACKENDS, q, 1234, table=TABLE)
+    assert len(calls) == 2  # a table given by the caller is searched each call

@@ -14,6 +14,7 @@ plain differentiable tensor ops -- no custom ``torch.autograd.Function`` (traced
 ``prim::PythonOp``) and no ``scaled_dot_product_attention`` -- so the graph exports to ONNX at
 opset 17. Such routes are flagged ``exports=True``.
 """
+import functools
 import importlib
 import importlib.util
 from typing import Callable, Dict, NamedTuple, Tuple
@@ -55,7 +56,14 @@ class Route(NamedTuple):
 
     def usable(self) -> bool:
         """Every module of :attr:`requires` can be imported here (found, not imported)."""
-        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+        return all(_importable(module) for module in self.requires)
+
+
+@functools.lru_cache(maxsize=None)
+def _importable(module: str) -> bool:
+    """``module`` is found on this Python's path (looked up once a process: :meth:`Route.usable`
+    is asked on every ``"auto"`` call on CUDA)."""
+    return importlib.util.find_spec(module) is not None
 
 
 class RouteRegistry(Dict[str, Route]):

@@ -59,7 +59,12 @@ def capability(device: torch.device) -> Optional[str]:
     None for other devices (no table: the front ends' own rules)."""
     if device.type != "cuda":
         return None
-    major, minor = torch.cuda.get_device_capability(device)
+    return _cuda_capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
     return f"{major}.{minor}"
 
 
@@ -80,23 +85,41 @@ def _nearest(entries: List[Dict], queries: int) -> Dict:
     return min(entries, key=lambda e: (abs(math.log(e["queries"]) - target), e["queries"]))
 
 
+def _table_route(table: Dict, family: str, device_capability: str, precision: str, queries: int) -> Optional[str]:
+    """The route of ``table``'s entry for the call (nearest size), or None where it has none."""
+    entries = [e for e in table["entries"] if e["family"] == family and e["capability"] == device_capability
+               and e["precision"] == precision]
+    return _nearest(entries, queries)["route"] if entries else None
+
+
+#: (id of the table, family, capability, precision, queries) -> the table's route: a layer calls
+#: :func:`measured_route` every forward with the same arguments, and on a GPU where the step is
+#: bound by launch overhead the lookup must cost nothing. Only for tables that live as long as the
+#: process (the committed one, read once), so an id is never reused.
+_LOOKUPS: Dict[tuple, Optional[str]] = {}
+
+
 def measured_route(
     family: str, registry: RouteRegistry, q: torch.Tensor, queries: int, *, recompute: bool = False,
     table: Optional[Dict] = None,
 ) -> Optional[str]:
     """The table's route for a call of ``family`` (``"aa"``, ``"sasa"``, ``"halonet"``,
     ``"ccnet"``) with queries ``q`` on ``queries`` pixels of the attended map, or None (module
-    docstring; always None off CUDA). ``table``: default the committed one."""
+    docstring; always None off CUDA). ``table``: default the committed one (its lookups cached)."""
     precision = precision_name(q.dtype)
     device_capability = capability(q.device)
     if precision is None or device_capability is None:
         return None
-    table = load_route_table() if table is None else table
-    entries = [e for e in table["entries"] if e["family"] == family and e["capability"] == device_capability
-               and e["precision"] == precision]
-    if not entries:
+    if table is None:
+        table = load_route_table()
+        key = (id(table), family, device_capability, precision, queries)
+        if key not in _LOOKUPS:
+            _LOOKUPS[key] = _table_route(table, family, device_capability, precision, queries)
+        name = _LOOKUPS[key]
+    else:
+        name = _table_route(table, family, device_capability, precision, queries)
+    if name is None:
         return None
-    name = _nearest(entries, queries)["route"]
     route = registry.get(name)
     if route is None or not route.cuda or not route.usable():
         return None
