@@ -58,8 +58,9 @@ def test_auto_takes_the_table_route_of_the_nearest_map_size(gpu):
 
 
 def test_without_an_entry_the_stated_default(gpu, monkeypatch):
-    assert auto_logit_table_impl(_aa_q(400, torch.float16)) != "materialized"  # no fp16 rows for aa
-    assert auto_local_attention_impl(_map_q(80, 80, torch.float16), 7) != "triton"
+    # no fp16 rows: no measured route, so the front end's default (CUDA_DEFAULT_ROUTES on a GPU)
+    assert route_table.measured_route("aa", LOGIT_TABLE_BACKENDS, _aa_q(400, torch.float16), 400) is None
+    assert route_table.measured_route("sasa", LOCAL_ATTENTION_BACKENDS, _map_q(80, 80, torch.float16), 6400) is None
     assert auto_logit_table_impl(_aa_q(400, torch.float64)) == "materialized"  # float64's own rule
     monkeypatch.setattr(route_table, "capability", lambda device: "10.0")  # a GPU the table lacks
     q = _aa_q(6400)
