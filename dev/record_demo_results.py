@@ -31,9 +31,14 @@ def main(argv=None) -> int:
     for run in args.runs:
         src = os.path.join(run, SUMMARY_FILE)
         try:
-            load_summary(src)
+            summary = load_summary(src)
         except (OSError, ValueError) as e:
             print(f"record_demo_results: {run}: {e}", file=sys.stderr)
+            return 1
+        if os.path.isabs(summary["config_file"]):  # the config lay outside the aadet checkout that ran
+            print(f"record_demo_results: {run}: config_file {summary['config_file']} is outside the checkout "
+                  "whose aadet ran (a second worktree with aadet imported from another: set PYTHONPATH to "
+                  "the worktree); a record names a config of this repository", file=sys.stderr)
             return 1
         dst = os.path.join(REPO, "docs", "runs", args.into,
                            os.path.basename(os.path.normpath(run)) + ".json")

@@ -140,6 +140,13 @@ def test_record_tool_adds_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()  # a folder without a summary is named, nothing is written
     assert tool.main([str(tmp_path / "empty")]) == 1
     assert "empty" in capsys.readouterr().err
+    # a run whose config lay outside the checkout that ran (an absolute config_file) is refused
+    elsewhere = tmp_path / "out" / f"{BASELINE}_s7"
+    _write(elsewhere, [dict(_summary(BASELINE, 7, 40.0, 20.0), config_file="/elsewhere/configs/Demo/x.yaml",
+                            _file="run_summary.json")])
+    assert tool.main([str(elsewhere)]) == 1
+    assert "outside the checkout" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "docs" / "runs" / "demo" / f"{BASELINE}_s7.json")
 
 
 def test_replace_block_needs_its_markers():
