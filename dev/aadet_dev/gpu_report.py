@@ -135,7 +135,7 @@ _AA = "aa_retinanet_R_50_FPN_scratch_150ep"
 _SASA = "sasa_convstem_retinanet_R_50_FPN_scratch_150ep"
 _SASA_FULL = "sasa_attnstem_retinanet_R_50_attnFPN_attnhead_scratch_150ep"
 _HALO = "halo_retinanet_R_50_FPN_scratch_150ep"
-#: The performance targets (issue 61 of the tracker): the attention models' speed and memory as
+#: The performance targets: the attention models' speed and memory as
 #: ratios to the conv R50 RetinaNet, the SASA layer's to a 3x3 conv (one definition; every
 #: precision measured gets a verdict; bf16 AMP is the one the targets are about, fp32 beside it).
 #: AA-R50's training step has two: 1.25x first, then 1.10x.
