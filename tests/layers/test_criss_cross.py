@@ -258,6 +258,16 @@ def test_parameter_counts():
     assert count(RecurrentCrissCrossAttention(2048, 512, recurrence=5)) == 23924353
     # no norm: each conv gets a bias instead of the BN's weight and bias
     assert count(RecurrentCrissCrossAttention(64, 32, norm="")) == 35029 - (32 + 32 + 64) + (16 + 16 + 32)
+    # a 1x1 bottleneck: 80 * 32 weights instead of 9 * 80 * 32
+    assert count(RecurrentCrissCrossAttention(64, 32, bottleneck_kernel_size=1)) == 35029 - 8 * 80 * 32
+
+
+def test_bottleneck_kernel_size():
+    x = torch.randn(2, 16, 5, 7, dtype=D)
+    for k in (1, 3, 5):
+        module = RecurrentCrissCrossAttention(16, 8, reduction=2, bottleneck_kernel_size=k).to(D)
+        assert module.bottleneck.conv.kernel_size == (k, k) and module(x).shape == (2, 8, 5, 7)
+        assert f"bottleneck_kernel_size={k}" in repr(module)
 
 
 @pytest.mark.parametrize(
@@ -284,6 +294,8 @@ def test_parameter_counts():
          "num_heads must be a divisor of inter_channels // reduction = 8"),
         (lambda: RecurrentCrissCrossAttention(32, 8, norm="batch"), "norm must be ''"),
         (lambda: RecurrentCrissCrossAttention(32, 8, impl="cuda"), "impl must be one of"),
+        (lambda: RecurrentCrissCrossAttention(32, 8, bottleneck_kernel_size=2),
+         "bottleneck_kernel_size must be an odd integer >= 1; got 2"),
     ],
 )
 def test_bad_arguments_are_named(make, message):
@@ -324,8 +336,8 @@ def test_config_defaults_are_the_papers():
     from aadet.modeling.backbone.resnet_stages import STAGE_NAMES
 
     cc = get_aadet_cfg().MODEL.CCNET
-    assert (cc.STAGE, cc.RECURRENCE, cc.NUM_HEADS, cc.REDUCTION, cc.INTER_CHANNELS, cc.IMPL) == \
-        ("res4", 2, 1, 8, 0, "auto")
+    assert (cc.STAGE, cc.RECURRENCE, cc.NUM_HEADS, cc.REDUCTION, cc.INTER_CHANNELS, cc.BOTTLENECK_KERNEL_SIZE,
+            cc.IMPL) == ("res4", 2, 1, 8, 0, 3, "auto")
     assert CCNET_STAGES == STAGE_NAMES
 
 
@@ -338,6 +350,7 @@ def test_config_defaults_are_the_papers():
         ("REDUCTION", 0, "Config key MODEL.CCNET.REDUCTION must be an integer >= 1; got 0"),
         ("INTER_CHANNELS", -1,
          "Config key MODEL.CCNET.INTER_CHANNELS must be an integer >= 0 (0 = the stage's channels // 4); got -1"),
+        ("BOTTLENECK_KERNEL_SIZE", 0, "Config key MODEL.CCNET.BOTTLENECK_KERNEL_SIZE must be an odd integer >= 1; got 0"),
         ("IMPL", "fused", "Config key MODEL.CCNET.IMPL must be one of ('auto', 'materialized'); got 'fused'"),
     ],
 )

@@ -102,6 +102,12 @@ def test_the_residual_block_starts_as_the_identity_and_learns_out_of_it(norm):
     assert (replacing(x) - x).abs().max() > 0.1
 
 
+def test_bottleneck_kernel_key_reaches_the_module():
+    assert build_backbone(_cfg()).bottom_up.res4[5].rcca.bottleneck.conv.kernel_size == (3, 3)
+    block = build_backbone(_cfg(CCNET, "MODEL.CCNET.BOTTLENECK_KERNEL_SIZE", 1)).bottom_up.res4[5]
+    assert block.rcca.bottleneck.conv.kernel_size == (1, 1)
+
+
 def test_residual_key_reaches_the_block():
     assert build_backbone(_cfg()).bottom_up.res4[5].residual is True
     block = build_backbone(_cfg(CCNET, "MODEL.CCNET.RESIDUAL", False)).bottom_up.res4[5]

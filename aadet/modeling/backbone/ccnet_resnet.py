@@ -17,7 +17,8 @@ The block is residual by default (``MODEL.CCNET.RESIDUAL``, :class:`CrissCrossBl
 as the identity, as the non-local block does.
 
 Config keys: ``MODEL.CCNET.*`` (``STAGE``, ``RESIDUAL``, ``RECURRENCE``, ``NUM_HEADS``,
-``REDUCTION``, ``INTER_CHANNELS``, ``IMPL``), Detectron2's ``MODEL.RESNETS.*`` and
+``REDUCTION``, ``INTER_CHANNELS``, ``BOTTLENECK_KERNEL_SIZE``, ``IMPL``), Detectron2's
+``MODEL.RESNETS.*`` and
 ``MODEL.BACKBONE.FREEZE_AT`` (:func:`~.resnet_stages.resnet_from_config`).
 """
 from typing import Any, Dict, Optional
@@ -63,7 +64,8 @@ class CrissCrossBlock(CNNBlockBase):
         norm: the norm of the module's convs (a Detectron2 norm name, e.g. the ResNet's).
         residual: as above.
         criss_cross: :class:`~aadet.layers.RecurrentCrissCrossAttention`'s options
-            (``inter_channels``, ``recurrence``, ``num_heads``, ``reduction``, ``impl``).
+            (``inter_channels``, ``recurrence``, ``num_heads``, ``reduction``,
+            ``bottleneck_kernel_size``, ``impl``).
     """
 
     def __init__(self, channels: int, *, norm, residual: bool = True, **criss_cross):
@@ -131,7 +133,8 @@ def criss_cross_options(cfg) -> Dict[str, Any]:
     their fit to the stage's width when the module is built (:func:`check_criss_cross_stage`)."""
     cc = cfg.MODEL.CCNET
     return dict(residual=cc.RESIDUAL, inter_channels=cc.INTER_CHANNELS or None, recurrence=cc.RECURRENCE,
-                num_heads=cc.NUM_HEADS, reduction=cc.REDUCTION, impl=cc.IMPL)
+                num_heads=cc.NUM_HEADS, reduction=cc.REDUCTION, bottleneck_kernel_size=cc.BOTTLENECK_KERNEL_SIZE,
+                impl=cc.IMPL)
 
 
 def _ccnet_resnet_from_config(cfg, input_shape: ShapeSpec) -> Dict[str, Any]:

@@ -14,6 +14,6 @@ _d = get_aadet_cfg()  # aadet's defaults (aadet/config.py): the values' one home
 model.backbone.bottom_up._target_ = build_ccnet_resnet_backbone
 model.backbone.bottom_up.update(
     ccnet_stage=_d.MODEL.CCNET.STAGE,  # MODEL.CCNET.STAGE
-    # MODEL.CCNET.{RESIDUAL, INTER_CHANNELS, RECURRENCE, NUM_HEADS, REDUCTION, IMPL}
+    # MODEL.CCNET.{RESIDUAL, INTER_CHANNELS, RECURRENCE, NUM_HEADS, REDUCTION, BOTTLENECK_KERNEL_SIZE, IMPL}
     criss_cross=criss_cross_options(_d),
 )
