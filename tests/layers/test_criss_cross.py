@@ -350,7 +350,8 @@ def test_config_defaults_are_the_papers():
         ("REDUCTION", 0, "Config key MODEL.CCNET.REDUCTION must be an integer >= 1; got 0"),
         ("INTER_CHANNELS", -1,
          "Config key MODEL.CCNET.INTER_CHANNELS must be an integer >= 0 (0 = the stage's channels // 4); got -1"),
-        ("BOTTLENECK_KERNEL_SIZE", 0, "Config key MODEL.CCNET.BOTTLENECK_KERNEL_SIZE must be an odd integer >= 1; got 0"),
+        ("BOTTLENECK_KERNEL_SIZE", 0,
+         "Config key MODEL.CCNET.BOTTLENECK_KERNEL_SIZE must be an odd integer >= 1; got 0"),
         ("IMPL", "fused", "Config key MODEL.CCNET.IMPL must be one of ('auto', 'materialized'); got 'fused'"),
     ],
 )
