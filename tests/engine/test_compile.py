@@ -175,3 +175,9 @@ def test_compiled_inference_matches_eager():
             torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=1e-4)
             torch.testing.assert_close(got.pred_boxes.tensor, want.pred_boxes.tensor, rtol=0, atol=1e-2)
             assert torch.equal(got.pred_classes, want.pred_classes)
+    # No candidate above the score threshold (an untrained model's scores sit at the prior): empty
+    # detections, not Inductor's IndexError on the empty top-k (the post-processing runs eagerly).
+    compiled.test_score_thresh = eager.test_score_thresh = 1.5
+    with torch.no_grad():
+        batch = [{"image": torch.rand(3, 448, 448) * 255}]
+        assert len(compiled(batch)[0]["instances"]) == len(eager(batch)[0]["instances"]) == 0

@@ -7,7 +7,8 @@ the number of positive anchors that normalizes the losses lives in a checkpointe
 (Detectron2 keeps it in a plain attribute that restarts at 100 after ``--resume``, so a resumed
 run's losses differ from the uninterrupted run's). And optional box voting after NMS
 (``TEST.BBOX_VOTE``, :mod:`aadet.modeling.box_voting`).
-Under ``torch.compile`` (``MODEL.COMPILE``) the training losses (``forward_training``) run eagerly.
+Under ``torch.compile`` (``MODEL.COMPILE``) the training losses (``forward_training``) and the
+per-image post-processing (``inference_single_image``) run eagerly.
 """
 import torch
 from detectron2.config import configurable
@@ -92,6 +93,11 @@ class AADetRetinaNet(EMAUpdateHook, RetinaNet):
                     )
         return super().forward_training(images, features, predictions, gt_instances)
 
+    # Under torch.compile the post-processing runs eagerly too: it is data-dependent (thresholds,
+    # top-k, NMS), and where no candidate passes the score threshold (an untrained model, an
+    # image without objects) its tensors are empty, which Inductor's lowering of the top-k
+    # indexing fails on (IndexError, torch 2.14).
+    @torch.compiler.disable
     def inference_single_image(self, anchors, box_cls, box_delta, image_size):
         """Detectron2's (score threshold, top-k per level, class-wise NMS, top
         ``max_detections_per_image``), then box voting with the pre-NMS candidates when on."""
