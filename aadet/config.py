@@ -423,9 +423,10 @@ def add_ccnet_config(cfg):
 
 def add_compile_config(cfg):
     """``MODEL.COMPILE.*``: running the model through ``torch.compile`` (:mod:`aadet.engine.compile`)."""
-    # In tools/train_net.py's training and evaluation (--compile sets ENABLED): nn.Module.compile
-    # in place, so checkpoints keep their keys and load into uncompiled models. Not in the papers,
-    # and the first iterations (and the first evaluation) pay the compile time, so off. A backend
+    # In tools/train_net.py's training and evaluation and tools/benchmark.py's cases (--compile
+    # sets ENABLED in both): nn.Module.compile in place, so checkpoints keep their keys and load
+    # into uncompiled models. Not in the papers, and the first iterations (and the first
+    # evaluation) pay the compile time, so off. A backend
     # that cannot run here (Inductor without a C++ compiler on CPU, or without Triton on CUDA)
     # stops the build with an error naming ENABLED. The predictor, demo, visualization and export
     # tools run uncompiled.

@@ -75,6 +75,7 @@ from aadet.benchmark.report import (  # noqa: E402
     ratios,
     write_report,
 )
+from aadet.benchmark.step_profile import profile_call  # noqa: E402
 from aadet.benchmark.timing import (  # noqa: E402
     add_amp_dtype_argument,
     autocast,
@@ -309,7 +310,10 @@ def run_case(spec):
         with autocast(device, amp_dtype, spec["amp"]):
             step()
 
-    return dict(case, **measure(work, warmup=spec["warmup"], iters=spec["iters"], device=device))
+    result = dict(case, **measure(work, warmup=spec["warmup"], iters=spec["iters"], device=device))
+    if spec.get("profile"):
+        result["profile"] = profile_call(work, device)
+    return result
 
 
 # ----------------------------------------------------------------------------- report
@@ -388,6 +392,9 @@ def build_parser():
         help="skip naive AA cases estimated above this (default 6 on CPU, none on CUDA)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
+    p.add_argument("--profile", action="store_true",
+                   help="after each case's timed calls, one more under torch.profiler: its device time by "
+                        "operator and kind of work (aadet/benchmark/step_profile.py), in the JSON")
     p.add_argument(
         "--rounds",
         type=int,
@@ -452,6 +459,7 @@ def main(argv=None) -> int:
                     amp=args.amp,
                     amp_dtype=amp_dtype,
                     threads=args.threads,
+                    profile=args.profile,
                 )
                 specs.append(spec)
                 results.append(failed_case(case, run_case_in_subprocess(__file__, spec, tmp)))

@@ -27,7 +27,14 @@ boxes, generated once and loaded by every case; no dataset needed):
   ``aadet/benchmark/timing.py``), both absolute and above the state before the phase (weights
   and inputs already resident): the ratios use the latter;
 * each as a **ratio to the baseline** (``--baseline``, default the first config) of the same run
-  and AMP mode.
+  and AMP mode;
+* with ``--profile``, what bounds each phase: one more call of it under ``torch.profiler``
+  (:mod:`aadet.benchmark.step_profile`): the device time by operator and by kind of work
+  (attention, conv, matmul, norm, copies, other), beside the timed median.
+
+``MODEL.COMPILE`` holds here as in training (``--compile`` sets ``MODEL.COMPILE.ENABLED``): every
+config's model runs through ``torch.compile``, the first warm-up call of each phase compiling it
+(the phase's ``wall_s`` includes it); each result records the compile settings it ran with.
 
 Each (config, AMP) case runs in a fresh process, so one model's allocator state cannot inflate
 another's peak. AMP: autocast to ``--amp-dtype`` (default float16 with a GradScaler on CUDA, as
@@ -88,6 +95,7 @@ from aadet.benchmark.timing import (  # noqa: E402
 )
 from aadet.benchmark.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 from aadet.benchmark.training_step import TrainingStep  # noqa: E402
+from aadet.engine.compile import add_compile_argument, compile_opts  # noqa: E402
 
 
 def build_parser():
@@ -144,6 +152,12 @@ def build_parser():
     p.add_argument("--no-train", action="store_true", help="skip the training measurement")
     p.add_argument("--no-inference", action="store_true", help="skip the inference measurement")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
+    add_compile_argument(p, "every case's model (its first warm-up call of each phase compiles)")
+    p.add_argument(
+        "--profile", action="store_true",
+        help="after the timed calls of each phase, one more under torch.profiler: its device time by "
+             "operator and kind of work (aadet/benchmark/step_profile.py), in the JSON",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the synthetic batch and the weights"
     )
@@ -174,6 +188,8 @@ def run_case(spec: dict) -> dict:
 
     import aadet  # noqa: F401
     from aadet.analysis.params import count_parameters
+    from aadet.benchmark.step_profile import profile_call
+    from aadet.engine.compile import compile_kwargs, maybe_compile
     from aadet.engine.defaults import load_config
 
     if spec.get("threads"):
@@ -184,7 +200,7 @@ def run_case(spec: dict) -> dict:
     cfg = load_config(spec["config"], ["MODEL.DEVICE", str(device), *spec["opts"]])
     torch.manual_seed(spec["seed"])
     start = time.monotonic()
-    model = build_model(cfg).to(device)
+    model = maybe_compile(build_model(cfg).to(device), cfg)  # MODEL.COMPILE, as Trainer.build_model
     build_s = time.monotonic() - start
     data = torch.load(spec["batch_file"])
     num_classes = cfg.MODEL.RETINANET.NUM_CLASSES
@@ -197,6 +213,7 @@ def run_case(spec: dict) -> dict:
         "params": count_parameters(model),
         "env": environment_info(device),
         "build_s": round(build_s, 2),
+        "compile": compile_kwargs(cfg) if cfg.MODEL.COMPILE.ENABLED else None,
     }
     # wall_s of a phase: its warm-up and timed calls (on CUDA the warm-up compiles the kernels)
 
@@ -212,6 +229,8 @@ def run_case(spec: dict) -> dict:
         m = measure(infer, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
         result["inference"] = dict(m, per_image_s=m["median_s"] / len(inputs),
                                    wall_s=round(time.monotonic() - start, 2))
+        if spec.get("profile"):
+            result["inference"]["profile"] = profile_call(infer, device)
 
     if not spec["no_train"]:
         step = TrainingStep(model, detectron2_inputs(data, num_classes, with_instances=True),
@@ -220,6 +239,8 @@ def run_case(spec: dict) -> dict:
         m = measure(step, warmup=spec["warmup"], iters=spec["iters"], device=device, turns=turns)
         result["train"] = dict(m, images_per_s=len(step.inputs) / m["median_s"],
                                wall_s=round(time.monotonic() - start, 2))
+        if spec.get("profile"):
+            result["train"]["profile"] = profile_call(step, device)
     return result
 
 
@@ -329,6 +350,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--iters must be >= 1 and --warmup >= 0; got {iters}, {warmup}")
     h, w = args.size[0], args.size[-1]
     amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
+    opts = list(args.opts) + compile_opts(args)
 
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1; got {args.rounds}")
@@ -337,6 +359,9 @@ def main(argv=None) -> int:
     if args.in_process and (not cuda or args.interleave or args.case_timeout is not None):
         raise SystemExit("--in-process measures CUDA cases (a CPU peak is the process' own), "
                          "without --interleave and --case-timeout")
+    if args.profile and args.interleave:
+        raise SystemExit("--profile takes one more call of each phase outside the turns of --interleave, "
+                         "where it would run beside the other configs' timed calls: give one of them")
     if args.interleave and args.rounds > 1:
         raise SystemExit("give --interleave or --rounds N, not both (two ways to say how the "
                          "ratio spreads)")
@@ -352,7 +377,7 @@ def main(argv=None) -> int:
             "interleave": args.interleave,
             "amp_dtype": amp_dtype if True in amps else None,
             "baseline": baseline,
-            "opts": list(args.opts),
+            "opts": opts,
             "env": environment_info(device),
             # a partial report's peaks are its timed processes' (the memory pass comes last)
             "peak_memory": peak_memory_meaning(device, memory_pass=not partial),
@@ -373,7 +398,7 @@ def main(argv=None) -> int:
                         device=str(device),
                         amp=amp,
                         amp_dtype=amp_dtype,
-                        opts=list(args.opts),
+                        opts=opts,
                         seed=args.seed,
                         warmup=warmup,
                         iters=iters,
@@ -381,6 +406,7 @@ def main(argv=None) -> int:
                         threads=args.threads,
                         no_train=args.no_train,
                         no_inference=args.no_inference,
+                        profile=args.profile,
                     )
                     for config in args.configs
                 ]

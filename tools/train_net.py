@@ -20,6 +20,7 @@ from detectron2.utils.logger import setup_logger
 import aadet  # noqa: F401  (registers models and datasets)
 from aadet.data import register_trees
 from aadet.engine import AADetCheckpointer, Trainer, apply_epoch_schedule, load_config
+from aadet.engine.compile import add_compile_argument, compile_opts
 from aadet.engine.defaults import launch_from_args, training_argument_parser
 from aadet.engine.run_summary import RunSummaryHook, write_run_summary
 
@@ -27,7 +28,7 @@ from aadet.engine.run_summary import RunSummaryHook, write_run_summary
 def config_opts(args):
     """The command line's ``KEY VALUE`` overrides, with those its flags stand for (``--compile``):
     what the config is made from and what the run summary records."""
-    return list(args.opts) + (["MODEL.COMPILE.ENABLED", "True"] if args.compile else [])
+    return list(args.opts) + compile_opts(args)
 
 
 def setup(args):
@@ -68,13 +69,8 @@ def main(args):
 
 def build_parser():
     parser = training_argument_parser("MODEL.WEIGHTS")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="run training and evaluation through torch.compile: the same as MODEL.COMPILE.ENABLED "
-        "True (MODEL.COMPILE.BACKEND/MODE/DYNAMIC: aadet/config.py); the first iterations and the "
-        "first evaluation include the compile time",
-    )
+    add_compile_argument(parser, "training and evaluation (the first iterations and the first evaluation "
+                                 "include the compile time)")
     return parser
 
 

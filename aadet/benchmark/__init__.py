@@ -6,6 +6,8 @@ user imports to time a model of their own (the role ``torch.utils.benchmark`` ha
   case's peak): the one place beside :mod:`aadet.utils.collect_env` where ``aadet`` runs a program.
 * :mod:`.synthetic_batch`, :mod:`.training_step`: a random detection batch and one training step
   (forward with losses, backward, optimizer step) on it, the same for every model.
+* :mod:`.step_profile`: one call under ``torch.profiler``, its device time by operator and kind
+  of work (attention, conv, matmul, norm, copies): what bounds a measured ratio.
 * :mod:`.report`: ratios to a baseline, markdown tables and JSON of the results.
 
 Nothing here is imported by ``import aadet``.

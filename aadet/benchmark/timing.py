@@ -294,8 +294,9 @@ MEMORY_PASS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
 def memory_pass_spec(spec: dict) -> dict:
-    """A case's spec for its memory pass: one warm-up and one timed call per phase, no turns."""
-    return dict({k: v for k, v in spec.items() if k != "turns"}, warmup=1, iters=1)
+    """A case's spec for its memory pass: one warm-up and one timed call per phase, no turns, no
+    profile."""
+    return dict({k: v for k, v in spec.items() if k != "turns"}, warmup=1, iters=1, profile=False)
 
 
 _PEAK_KEYS = ("peak_bytes", "peak_abs_bytes", "peak_exact")

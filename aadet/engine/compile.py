@@ -20,7 +20,14 @@ import logging
 import torch
 from torch import nn
 
-__all__ = ["CompileUnavailableError", "check_backend_runs", "compile_kwargs", "maybe_compile"]
+__all__ = [
+    "CompileUnavailableError",
+    "add_compile_argument",
+    "check_backend_runs",
+    "compile_kwargs",
+    "compile_opts",
+    "maybe_compile",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +45,21 @@ def compile_kwargs(cfg) -> dict:
         "mode": None if c.MODE == "default" else c.MODE,
         "dynamic": bool(c.DYNAMIC),
     }
+
+
+def add_compile_argument(parser, runs: str) -> None:
+    """A command's ``--compile`` flag: the same as ``MODEL.COMPILE.ENABLED True`` (:func:`compile_opts`).
+    ``runs``: what it runs through ``torch.compile`` and when that compiles, for the help."""
+    parser.add_argument(
+        "--compile", action="store_true",
+        help=f"run {runs} through torch.compile: the same as MODEL.COMPILE.ENABLED True "
+             "(MODEL.COMPILE.BACKEND/MODE/DYNAMIC: aadet/config.py)",
+    )
+
+
+def compile_opts(args) -> list:
+    """The config overrides ``--compile`` (:func:`add_compile_argument`) stands for."""
+    return ["MODEL.COMPILE.ENABLED", "True"] if args.compile else []
 
 
 def _probe(x):

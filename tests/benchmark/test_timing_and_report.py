@@ -151,8 +151,8 @@ def test_with_memory_pass_takes_each_phases_peak_from_the_pass():
     failed = timing.with_memory_pass(timed, {"error": "killed"})
     assert failed["error"] == "memory pass: killed"
     assert timing.with_memory_pass({"error": "x"}, mem) == {"error": "x"}
-    spec = timing.memory_pass_spec(dict(config="a", warmup=5, iters=20, turns=["go", "ack"]))
-    assert spec == dict(config="a", warmup=1, iters=1)
+    spec = timing.memory_pass_spec(dict(config="a", warmup=5, iters=20, turns=["go", "ack"], profile=True))
+    assert spec == dict(config="a", warmup=1, iters=1, profile=False)
 
 
 def test_memory_pass_reruns_each_measured_case_in_its_environment():

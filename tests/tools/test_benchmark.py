@@ -217,3 +217,35 @@ def test_benchmark_in_process_runs_every_case_here_and_reports_a_failure(tmp_pat
     assert [r["config"] for r in results] == configs
     assert results[1]["error"] == "RuntimeError: no kernel image for this device"
     assert results[0]["train"]["median_s"] == results[2]["train"]["median_s"] == 0.5
+
+
+@pytest.mark.slow  # builds the demo detector twice and traces one with dynamo: about a minute
+def test_benchmark_case_honours_model_compile_and_profiles_each_phase(tmp_path):
+    """A case of ``--compile`` runs its model through ``torch.compile`` (here the ``eager`` backend:
+    dynamo captures graphs, no compiler needed) and says so in its result; ``--profile`` adds each
+    phase's profile; without them neither."""
+    import torch._dynamo
+    from aadet.benchmark.synthetic_batch import make_batch
+
+    benchmark = load_tool("benchmark")
+    batch_file = tmp_path / "batch.pt"
+    torch.save(make_batch(1, 64, 64, 0), batch_file)
+    args = benchmark.build_parser().parse_args(["--compile", "MODEL.COMPILE.BACKEND", "eager"])
+    assert benchmark.compile_opts(args) == ["MODEL.COMPILE.ENABLED", "True"]
+    spec = dict(config=os.path.join(REPO, "configs", "Demo", "trees_R_26_slim_FPN.yaml"), device="cpu", amp=False,
+                amp_dtype=None, seed=0, warmup=1, iters=1, batch_file=str(batch_file), threads=None,
+                no_train=False, no_inference=False)
+    with pytest.raises(SystemExit, match="--profile takes one more call"):
+        benchmark.main(["--configs", spec["config"], "--profile", "--interleave"])
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    plain = benchmark.run_case(dict(spec, opts=[], profile=False))
+    assert plain["compile"] is None and "profile" not in plain["train"] and "profile" not in plain["inference"]
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = benchmark.run_case(dict(spec, opts=list(args.opts) + benchmark.compile_opts(args), profile=True))
+    assert compiled["compile"] == {"backend": "eager", "mode": None, "dynamic": True}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # the model's forward was captured
+    for phase in ("train", "inference"):
+        profile = compiled[phase]["profile"]
+        assert profile["device"] == "cpu" and profile["categories"]["conv"] > 0
+    torch._dynamo.reset()
