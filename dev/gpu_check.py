@@ -36,7 +36,10 @@ budget, ``--budget STAGE=SECONDS``, and a failing stage does not stop the next):
    the stage's budget, ``dev/benchmark_layers.py --suite halo`` (HaloNet layer, 256 ch, b 8,
    h 3, vs a 3x3 conv), reported as measured, without a target: where it fails or the budget is
    spent before it, the report says it was not measured, and neither fails the stage nor keeps
-   the record from being written. The targets are defined at ``gpu_report.PROTOCOL`` (640x640,
+   the record from being written. Last, the same way, ``MODEL.COMPILE`` as an option: the conv
+   baseline and AA-R50 compiled (``--compile``), in bf16, where at least ``COMPILED_MIN_S`` of the
+   budget is left. Every case is profiled once more after its timed steps (``--profile``): each
+   time target's verdict says what bounds it. The targets are defined at ``gpu_report.PROTOCOL`` (640x640,
    batch 8, fp32 and bf16, at least 10 timed iterations after 3 warm-up ones): only a complete
    run at it, whose stage passed, writes ``--bench-json``; anything else (``--quick``, fewer
    iterations, a failed case, a precision not measured) goes to
@@ -469,7 +472,7 @@ def _bench_layers(args, s: dict, suite: str, precision: str, budget: Budget):
     out = os.path.join(args.work_dir, f"bench_layers_{suite}_{precision}.json")
     cmd = ["dev/benchmark_layers.py", "--suite", suite, "--device", args.device, "--batch", str(s["batch"]),
            "--sizes", *(str(x) for x in args.layer_sizes), "--warmup", str(s["warmup"]),
-           "--iters", str(s["iters"]), "--output-json", out, "--output-md", out[:-5] + ".md"]
+           "--iters", str(s["iters"]), "--output-json", out, "--output-md", out[:-5] + ".md", "--profile"]
     cmd += ["--amp", "--amp-dtype", gpu_report.AMP_DTYPES[precision]] if precision != "fp32" else []
     print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
@@ -477,6 +480,51 @@ def _bench_layers(args, s: dict, suite: str, precision: str, budget: Budget):
         with open(out) as f:
             return json.load(f), None
     return None, f"exit {rc}: {tail.strip()[-300:]}"
+
+
+def _bench_configs_cmd(args, s: dict, configs, out: str, amp: str, amp_dtype, *extra) -> list:
+    """``tools/benchmark.py`` on ``configs`` at the stage's settings ``s`` (``amp``: its ``--amp``),
+    each phase profiled once more after its timed steps (what bounds each target); on CUDA every
+    case in one process (at 3a55981 a fresh process a case cost 20-35 s, about 1 s of it timed
+    steps, and each timed out at its 19 s): the cases in ``configs`` order, fp32 first; the cases
+    finished when the budget ends are kept."""
+    cmd = ["tools/benchmark.py", "--configs", *configs, "--device", args.device, "--size", str(s["size"]),
+           "--batch", str(s["batch"]), "--warmup", str(s["warmup"]), "--iters", str(s["iters"]),
+           "--output-json", out, "--output-md", out[:-5] + ".md", "--amp", amp, "--profile", *extra]
+    cmd += ["--amp-dtype", amp_dtype] if amp_dtype and amp != "off" else []
+    return cmd + (["--in-process"] if args.device == "cuda" else [])
+
+
+#: The least of the benchmarks stage's budget left for the compiled cases to start: Inductor
+#: compiles each config's inference and training graphs in its first warm-up calls (not yet
+#: measured on a GPU; the demo detector's training step took 4.8 min on 2 CPU cores).
+COMPILED_MIN_S = 120
+
+
+def _bench_compiled(args, s: dict, budget: Budget, notes: list) -> list:
+    """``MODEL.COMPILE`` as an option, after everything else (no target): ``tools/benchmark.py
+    --compile`` on :data:`~aadet_dev.gpu_report.COMPILED_CONFIGS` in
+    :data:`~aadet_dev.gpu_report.COMPILED_PRECISION`, with what is left of the budget when that is
+    at least :data:`COMPILED_MIN_S`. Returns its JSON in a list (empty where it did not run or
+    wrote nothing); why not, and a failure, go to ``notes``."""
+    what = f"tools/benchmark.py --compile ({gpu_report.COMPILED_PRECISION})"
+    if args.quick or budget.left() < COMPILED_MIN_S:
+        why = "a smoke run" if args.quick else \
+            f"{budget.left():.0f} s of the stage budget left, less than its {COMPILED_MIN_S} s"
+        notes.append(f"{what} not run: {why} (no target; not measured)")
+        return []
+    out = os.path.join(args.work_dir, "bench_compiled.json")
+    cmd = _bench_configs_cmd(args, s, gpu_report.COMPILED_CONFIGS, out, "on",
+                             gpu_report.AMP_DTYPES[gpu_report.COMPILED_PRECISION], "--compile")
+    print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    rc, tail = _run([sys.executable, *cmd], budget.left(), out[:-5] + ".log")
+    reports = []
+    if os.path.isfile(out):  # complete, or the cases finished before the budget ended
+        with open(out) as f:
+            reports.append(json.load(f))
+    if rc != 0:
+        notes.append(f"{what} exit {rc}: {tail.strip()[-300:]} (no target)")
+    return reports
 
 
 def stage_benchmarks(args, budget: Budget) -> dict:
@@ -490,17 +538,9 @@ def stage_benchmarks(args, budget: Budget) -> dict:
     amp_modes = (["fp32"] if "fp32" in s["precisions"] else []) + amp
     notes, errors = [], []
     cfg_json = os.path.join(args.work_dir, "bench_configs.json")
-    cmd = ["tools/benchmark.py", "--configs", *gpu_report.BENCHMARK_CONFIGS, "--device", args.device,
-           "--size", str(s["size"]), "--batch", str(s["batch"]), "--warmup", str(s["warmup"]),
-           "--iters", str(s["iters"]), "--output-json", cfg_json, "--output-md", cfg_json[:-5] + ".md",
-           "--amp", "both" if len(amp_modes) == 2 else "on" if amp else "off"]
-    cmd += ["--amp-dtype", amp_dtype] if amp else []
+    cmd = _bench_configs_cmd(args, s, gpu_report.BENCHMARK_CONFIGS, cfg_json,
+                             "both" if len(amp_modes) == 2 else "on" if amp else "off", amp_dtype)
     layer_budget = 0.3 * budget.left()  # kept from benchmark.py for the layer runs below
-    # every case in one process (at 3a55981 a fresh process a case cost 20-35 s, about 1 s of it
-    # timed steps, and each timed out at its 19 s); the cases in --configs order, the baseline
-    # and AA first, fp32 first; the cases finished when the budget ends are kept
-    if args.device == "cuda":
-        cmd += ["--in-process"]
     print(f"[gpu_check] benchmarks: {' '.join(cmd)}", file=sys.stderr, flush=True)
     for stale in glob.glob(os.path.join(args.work_dir, "bench_*.json")):
         os.remove(stale)  # never read a benchmark JSON of an earlier run
@@ -529,9 +569,11 @@ def stage_benchmarks(args, budget: Budget) -> dict:
                 errors.append(f"{what} {why}")
             else:
                 notes.append(f"{what} {why} (no target; not measured)")
+    compiled_reports = _bench_compiled(args, s, budget, notes)
     if not config_reports and not layer_reports:
         return {"status": "failed", "error": "; ".join(errors), "notes": notes}
-    bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, amp_dtype=amp_dtype, smoke=args.quick)
+    bench = gpu_report.benchmarks_cuda(config_reports, layer_reports, compiled_reports=compiled_reports,
+                                       amp_dtype=amp_dtype, smoke=args.quick)
     bench["quick"] = args.quick
     # The stage's verdict first ("ran": every case measured; unless a smoke run, at the targets'
     # protocol), then where the numbers go: only a passed, complete run is the record.

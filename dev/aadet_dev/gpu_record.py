@@ -256,6 +256,14 @@ def _benchmarks_section(stage: dict) -> List[str]:
             errors.setdefault(r["error"], []).append(f"`{r['config']}` {r['precision']}")
     for error, cases in errors.items():
         out.append(f"\n{', '.join(cases)}: `{error}`\n")
+    if bench.get("compiled"):
+        rows = [[f"`{r['config']}`", r["precision"], _f(r.get("train_ms"), ".1f"), _x(r.get("train_ms_ratio")),
+                 _x(r.get("eager_train_ms_ratio")), _f(r.get("infer_ms"), ".1f"), _x(r.get("infer_ms_ratio")),
+                 _x(r.get("eager_infer_ms_ratio")), short_error(r["error"]) if r.get("error") else ""]
+                for r in bench["compiled"]]
+        out.append("\n" + markdown_table(
+            ["Compiled (MODEL.COMPILE, no target)", "Precision", "Train step ms", "× compiled conv R50", "× own eager",
+             "Inference ms", "× compiled conv R50", "× own eager", "Note"], rows, align="ll" + "r" * 6 + "l"))
     if bench.get("layers"):
         rows = [[f"`{r['layer']}`", r["precision"], _f(r.get("train_ms"), ".2f"), _x(r.get("train_ms_ratio")),
                  _f(r.get("train_peak_mib"), ".0f"), _x(r.get("train_peak_mib_ratio")),
@@ -267,11 +275,14 @@ def _benchmarks_section(stage: dict) -> List[str]:
     suites: Dict[str, List[str]] = {}
     for m in informational:
         suites.setdefault(m.split(" ", 1)[0], []).append(m.split(" ", 1)[1])
+    compiled = suites.pop("compiled", None)  # informational_missing's "compiled <precision>"
     if not_measured or suites:
         why = "cut off" if _cut_off(stage) else "not measured"
         lines = [f"the SASA layer (its targets) {why} in {' and '.join(not_measured)}"] if not_measured else []
         lines += [f"the `{suite}` layer (no target) not measured in {' and '.join(ps)}" for suite, ps in suites.items()]
         out.append("\nLayers: " + "; ".join(lines) + ".\n")
+    if compiled:
+        out.append(f"\nCompiled models (MODEL.COMPILE, no target): not measured in {' and '.join(compiled)}.\n")
     return out
 
 
@@ -287,9 +298,11 @@ def _targets_table(stage: dict) -> str:
         else:
             verdict = v["status"]
         rows.append([v["target"], f"`{v['subject']}`", v["precision"], _x(v["value"]), f"<= {v['limit']:.2f}x",
-                     verdict])
-    return markdown_table(["Target (CUDA)", "Subject", "Precision", "Measured", "Target", "Verdict"], rows,
-                          align="lllrrl")
+                     verdict, v.get("bound", "–")])
+    headers = ["Target (CUDA)", "Subject", "Precision", "Measured", "Target", "Verdict"]
+    if any(row[-1] != "–" for row in rows):  # a run whose benchmarks were profiled
+        return markdown_table(headers + ["What bounds it (one profiled step)"], rows, align="lllrrll")
+    return markdown_table(headers, [row[:-1] for row in rows], align="lllrrl")
 
 
 def _config_cell(r: Optional[dict], base: Optional[dict] = None) -> str:

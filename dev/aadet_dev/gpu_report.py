@@ -19,7 +19,13 @@ The benchmark schema (``docs/benchmarks_cuda.json``, ``"schema": 1``)::
      "informational_missing": ["halo bf16", ...],
      "targets": [{"target": "AA-R50 train time", "subject": .., "metric": "train_ms_ratio",
                   "precision": "bf16", "limit": 1.10, "value": 1.32, "status": "miss",
-                  "excess": 0.22, "excess_pct": 20.0}, ...]}
+                  "excess": 0.22, "excess_pct": 20.0, "bound": "..."}, ...]}
+
+A row measured with ``--profile`` (the benchmarks stage's) also holds ``train_profile`` /
+``infer_profile``: its phase's device time by kind of work (:func:`profile_summary`); a time
+target's verdict then says what bounds it (``"bound"``, :func:`describe_bound`): whether the GPU
+was busy through the step or waited on the host, and which kinds of work take the time the
+subject spends beyond its baseline's.
 
 Ratios are to the baseline of the *same run and precision* (configs: the conv R50 RetinaNet;
 layers: a 3x3 convolution of the same width and map size), so they compare like with like.
@@ -58,6 +64,9 @@ __all__ = [
     "BENCHMARK_CONFIGS",
     "LAYER_REFERENCE",
     "INFORMATIONAL_LAYER_SUITES",
+    "COMPILED_CONFIGS",
+    "COMPILED_PRECISION",
+    "compiled_rows",
     "PRECISIONS",
     "Target",
     "TARGETS",
@@ -66,6 +75,9 @@ __all__ = [
     "config_rows",
     "layer_rows",
     "evaluate_targets",
+    "HOST_BOUND_BUSY",
+    "profile_summary",
+    "describe_bound",
     "benchmarks_cuda",
     "render_benchmarks_markdown",
     "render_targets_markdown",
@@ -109,6 +121,13 @@ LAYER_REFERENCE = "conv3x3"
 #: rows the layer targets judge): reported as measured, with their ratios to a 3x3 conv, without a
 #: target. HaloNet's layer (256 ch, b 8, h 3, 8 heads, its CUDA routes).
 INFORMATIONAL_LAYER_SUITES = ("halo",)
+#: ``MODEL.COMPILE`` measured as an option, without a target: these configs compiled (Inductor,
+#: ``MODE "default"``) in :data:`COMPILED_PRECISION`, after every eager case and layer of the
+#: benchmarks stage, with what is left of its budget (the baseline first: AA-R50's steps are
+#: launch-bound, which compiling addresses). Each compiled row: its ratio to the compiled baseline,
+#: and ``eager_train_ms_ratio`` / ``eager_infer_ms_ratio``: its time over its own eager time.
+COMPILED_CONFIGS = (BASELINE_CONFIG, "configs/COCO-Detection/aa_retinanet_R_50_FPN_scratch_150ep.yaml")
+COMPILED_PRECISION = "bf16"
 #: Precision names used in the report; ``tools/benchmark*.py`` report ``amp`` (bool) and
 #: ``amp_dtype`` (torch dtype name).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -223,6 +242,9 @@ def config_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
             "infer_ms": _ms(r.get("inference")),
             "train_peak_mib": _mib(r.get("train")),
         }
+        for phase, key in (("train", "train"), ("inference", "infer")):
+            if (r.get(phase) or {}).get("profile"):
+                row[f"{key}_profile"] = profile_summary(r[phase]["profile"])
         if "error" in r:
             row["error"] = str(r["error"])[:300]
         elif "train_time" in r.get("ratio_ranges", {}):  # several rounds, or interleaved
@@ -263,6 +285,8 @@ def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
         }
         if "error" in r or "skipped" in r:
             row["error"] = str(r.get("error") or r.get("skipped"))[:300]
+        if r.get("profile"):
+            row["train_profile"] = profile_summary(r["profile"])
         if r.get("round_medians_s"):  # a run of several rounds
             row["round_ms"] = [1e3 * t for t in r["round_medians_s"]]
         rows.append(row)
@@ -275,6 +299,72 @@ def layer_rows(report: dict, amp_dtype: Optional[str] = None) -> List[dict]:
             per_round = [t / tb for t, tb in zip(row["round_ms"], b["round_ms"])]
             row["train_ms_ratio_range"] = [min(per_round), max(per_round)]
     return [row for row in rows if (row["suite"], row["side"]) in ref]
+
+
+#: Below this share of a step's timed median spent in device work (the profiled call's operators'
+#: self time on the GPU), the step is host-bound: the GPU waits on Python and kernel launches, and
+#: faster kernels would not shorten it (fewer launches would: fusion, CUDA graphs, compiling).
+HOST_BOUND_BUSY = 0.7
+#: Kinds of work (``aadet.benchmark.step_profile.CATEGORIES``) a bound names, the largest first.
+_BOUND_KINDS = 2
+
+
+def profile_summary(profile: dict, top: int = 5) -> dict:
+    """A phase's profile (``aadet.benchmark.step_profile.profile_call``) as a report row keeps it:
+    device time, device events, time by kind of work, and the ``top`` operators."""
+    return {"device_ms": profile["device_ms"], "device_events": profile.get("device_events"),
+            "categories": dict(profile["categories"]), "top": list(profile.get("top", ()))[:top],
+            "host_syncs": dict(profile.get("host_syncs") or {})}
+
+
+def describe_bound(row: dict, base: Optional[dict], phase: str = "train") -> Optional[str]:
+    """What bounds ``row``'s ``phase`` (``"train"`` or ``"infer"``) from its profile and its
+    baseline's (``base``: the baseline config's or the 3x3 conv's row of the same precision):
+    ``"host-bound: ..."`` where the device worked under :data:`HOST_BOUND_BUSY` of the timed
+    median (with the host's waits for the device, the baseline's beside them), else
+    ``"device-bound: ..."``; then the kinds of work that take the time the row spends
+    beyond the baseline's, each with its largest operator. None without a profile."""
+    p, ms = row.get(f"{phase}_profile"), row.get(f"{phase}_ms")
+    if not p or not ms:
+        return None
+    busy = p["device_ms"] / ms
+    events = f", {p['device_events']} kernels" if p.get("device_events") else ""
+    kind = "host-bound" if busy < HOST_BOUND_BUSY else "device-bound"
+    b = (base or {}).get(f"{phase}_profile")
+    syncs = sum((p.get("host_syncs") or {}).values())
+    if kind == "host-bound" and syncs:  # each stops the host from queueing work ahead
+        base_syncs = f" (baseline {sum((b.get('host_syncs') or {}).values())})" if b else ""
+        events += f", {syncs} host syncs{base_syncs}"
+    head = f"{kind}: device busy {busy:.0%} of {ms:.1f} ms{events}"
+    cats = p["categories"]
+    if b:
+        extra = {c: ms_c - b["categories"].get(c, 0.0) for c, ms_c in cats.items()}
+        ranked = [c for c in sorted(extra, key=lambda c: -extra[c]) if extra[c] > 0][:_BOUND_KINDS]
+        what = "beyond the baseline's device time"
+        amounts = {c: f"+{extra[c]:.1f} ms" for c in ranked}
+    else:
+        ranked = [c for c in sorted(cats, key=lambda c: -cats[c]) if cats[c] > 0][:_BOUND_KINDS]
+        what = "device time"
+        amounts = {c: f"{cats[c]:.1f} ms" for c in ranked}
+    parts = []
+    for c in ranked:
+        ops = [o for o in p.get("top", ()) if o.get("category") == c]
+        parts.append(f"{c} {amounts[c]}" + (f" ({ops[0]['op']} {ops[0]['ms']:.1f} ms)" if ops else ""))
+    return head + (f"; {what}: " + ", ".join(parts) if parts else "")
+
+
+def _baseline_row(t: "Target", r: dict, rows: Sequence[dict]) -> Optional[dict]:
+    """The row ``r``'s ratios are taken against: the baseline config's, or the 3x3 conv's of its
+    suite and map, in ``r``'s precision."""
+    if t.section == "configs":
+        name = config_name(BASELINE_CONFIG)
+        return next((b for b in rows if b["config"] == name and b["precision"] == r["precision"]), None)
+    return next((b for b in rows if b.get("impl") == LAYER_REFERENCE and b.get("suite") == r.get("suite")
+                 and b.get("side") == r.get("side") and b["precision"] == r["precision"]), None)
+
+
+#: The phase of a time metric, whose profile says what bounds it (memory metrics have none).
+_METRIC_PHASE = {"train_ms_ratio": "train", "infer_ms_ratio": "infer"}
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -327,6 +417,10 @@ def evaluate_targets(
                 }
                 if value is not None and r.get(t.metric + "_range"):
                     v["range"] = r[t.metric + "_range"]  # its spread: rounds or interleaved pairs
+                if value is not None and t.metric in _METRIC_PHASE:
+                    bound = describe_bound(r, _baseline_row(t, r, rows[t.section]), _METRIC_PHASE[t.metric])
+                    if bound:
+                        v["bound"] = bound
                 if value is None:
                     why = "not measured" if r is None else (r.get("error") or "no baseline to compare with")
                     v.update(status="missing", note=why)
@@ -399,10 +493,25 @@ def informational_missing(layers: Sequence[dict], precisions: Sequence[str] = PR
     return [f"{suite} {p}" for suite in suites for p in precisions if (suite, p) not in got]
 
 
+def compiled_rows(report: dict, eager: Sequence[dict], amp_dtype: Optional[str] = None) -> List[dict]:
+    """Rows of a ``tools/benchmark.py --compile`` run (:func:`config_rows`, ratios to its compiled
+    baseline) marked ``"compiled": True``, each with ``eager_train_ms_ratio`` and
+    ``eager_infer_ms_ratio``: its time over the ``eager`` row (:func:`config_rows`) of its config
+    and precision (None where that was not measured)."""
+    rows = config_rows(report, amp_dtype)
+    for row in rows:
+        e = next((r for r in eager if r["config"] == row["config"] and r["precision"] == row["precision"]), {})
+        row["compiled"] = True
+        for key in ("train_ms", "infer_ms"):
+            row[f"eager_{key}_ratio"] = ratio(row[key], e.get(key))
+    return rows
+
+
 def benchmarks_cuda(
     config_reports: Sequence[dict],
     layer_reports: Sequence[dict] = (),
     *,
+    compiled_reports: Sequence[dict] = (),
     amp_dtype: Optional[str] = None,
     targets: Iterable[Target] = TARGETS,
     smoke: bool = False,
@@ -413,6 +522,9 @@ def benchmarks_cuda(
         config_reports: ``tools/benchmark.py`` outputs (e.g. one run with ``--amp both``).
         layer_reports: ``dev/benchmark_layers.py`` outputs (one per suite and AMP setting:
             SASA's, and those of :data:`INFORMATIONAL_LAYER_SUITES`).
+        compiled_reports: ``tools/benchmark.py --compile`` outputs (:data:`COMPILED_CONFIGS`):
+            the ``"compiled"`` rows (:func:`compiled_rows`), judged by no target; where none was
+            measured, ``"informational_missing"`` lists ``"compiled <precision>"``.
         amp_dtype: AMP dtype of outputs that do not record theirs.
         smoke: the numbers come from a smoke run (``dev/gpu_check.py --quick``): no target
             verdicts, whatever the sizes. Anything else short of :data:`PROTOCOL` (size, batch,
@@ -434,6 +546,7 @@ def benchmarks_cuda(
     env = reports[0]["env"]
     configs = [row for r in config_reports for row in config_rows(r, amp_dtype)]
     layers = [row for r in layer_reports for row in layer_rows(r, amp_dtype)]
+    compiled = [row for r in compiled_reports for row in compiled_rows(r, configs, amp_dtype)]
     first = config_reports[0] if config_reports else {}
     why = _not_comparable_why(config_reports, layer_reports, configs + layers, smoke)
     verdicts = evaluate_targets(configs, layers, targets, comparable=why is None)
@@ -454,10 +567,12 @@ def benchmarks_cuda(
         "comparable": why is None,
         "not_comparable_why": why,
         "missing": missing,
-        "informational_missing": informational_missing(layers),
+        "informational_missing": informational_missing(layers) + (
+            [] if any(_measured(r) for r in compiled) else [f"compiled {COMPILED_PRECISION}"]),
         "complete": why is None and not missing and all(v["status"] in ("pass", "miss") for v in verdicts),
         "configs": configs,
         "layers": layers,
+        "compiled": compiled,
         "targets": verdicts,
     }
 
@@ -520,7 +635,9 @@ def render_benchmarks_markdown(bench: dict) -> str:
         out.append(f"\nLayers not measured in {', '.join(layer_missing)}.\n")
     for suite_precision in bench.get("informational_missing", ()):
         suite, precision = suite_precision.split(" ", 1)
-        out.append(f"\n`{suite}` layer (no target) not measured in {precision}.\n")
+        what = "Compiled models (MODEL.COMPILE, no target)" if suite == "compiled" else \
+            f"`{suite}` layer (no target)"
+        out.append(f"\n{what} not measured in {precision}.\n")
     if bench["layers"]:
         rows = [
             [f"`{r['layer']}`", r["precision"], f"{r['side']}x{r['side']}", _f(r["channels"], "d"),
@@ -531,14 +648,25 @@ def render_benchmarks_markdown(bench: dict) -> str:
         headers = ["Layer", "Precision", "Map", "Channels", "fwd+bwd ms", "× 3x3 conv", "Peak MiB",
                    "× 3x3 conv", "Note"]
         out.append("\n" + markdown_table(headers, rows, align="llll" + "r" * 4 + "l"))
+    if bench.get("compiled"):
+        rows = [
+            [f"`{r['config']}`", r["precision"], _f(r["train_ms"], ".1f"), _f(r["train_ms_ratio"]),
+             _f(r["eager_train_ms_ratio"]), _f(r["infer_ms"], ".1f"), _f(r["infer_ms_ratio"]),
+             _f(r["eager_infer_ms_ratio"]), _f(r["train_peak_mib"], ".0f")]
+            + ([f"error: {r['error'][:60]}"] if "error" in r else [""])
+            for r in bench["compiled"]
+        ]
+        headers = ["Compiled (MODEL.COMPILE, no target)", "Precision", "Train ms", "× compiled base",
+                   "× own eager", "Infer ms", "× compiled base", "× own eager", "Train peak MiB", "Note"]
+        out.append("\n" + markdown_table(headers, rows, align="ll" + "r" * 7 + "l"))
     if bench["targets"]:
         rows = [
             [t["target"], f"`{t['subject']}`", t["precision"], f"≤ {t['limit']:.2f}", _f(t["value"]),
-             _verdict(t)]
+             _verdict(t), t.get("bound", "–")]
             for t in bench["targets"]
         ]
-        out.append("\n" + markdown_table(["Target", "Subject", "Precision", "Limit", "Value", "Verdict"],
-                                         rows, align="lllrrl"))
+        out.append("\n" + markdown_table(["Target", "Subject", "Precision", "Limit", "Value", "Verdict",
+                                          "What bounds it (one profiled step)"], rows, align="lllrrll"))
     return "".join(out)
 
 
@@ -671,8 +799,9 @@ STAGES = {
              "the compiled Triton kernels; ok only if every CUDA test ran and passed (a skip fails it)",
     "configs": "every config in configs/ built on CUDA and trained 20 iterations at its own training size "
                "(COCO 640x640 batch 8) in fp32 and bf16 AMP: every loss and gradient finite",
-    "benchmarks": "640x640 batch 8 speed/memory of the R50 configs and the SASA layer, and of the HaloNet layer "
-                  "without a target (fp32, bf16 AMP)",
+    "benchmarks": "640x640 batch 8 speed/memory of the R50 configs and the SASA layer, each profiled for what "
+                  "bounds it, and without a target of the HaloNet layer (fp32, bf16 AMP) and of the conv and AA "
+                  "R50 compiled (MODEL.COMPILE, bf16)",
     "demo": "short real training of the demo configs on CUDA, with their AP on trees_val and trees_test",
 }
 

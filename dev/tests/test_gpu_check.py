@@ -284,7 +284,7 @@ def test_a_smoke_run_gets_no_target_verdict():
         assert all("excess" not in t for t in bench["targets"])
         md = gr.render_benchmarks_markdown(bench)
         assert md.startswith("**Smoke run, not comparable to targets**")
-        verdicts = [line.rsplit("|", 2)[-2].strip() for line in md.splitlines() if line.startswith("| ")
+        verdicts = [line.rsplit("|", 3)[-3].strip() for line in md.splitlines() if line.startswith("| ")
                     and any(t["target"] in line for t in bench["targets"])]
         assert verdicts and all(v in (gr.NOT_COMPARABLE, "not measured") or v.startswith("not measured:")
                                 for v in verdicts), verdicts
@@ -719,7 +719,12 @@ def _fake_benchmark_tools(calls, fail=(), precisions=("fp32", "bf16")):
                                 iters=value(cmd, "--iters", 0), warmup=value(cmd, "--warmup", 0))
             rep["results"][-1] = _case(FULL, True, 0.200, 0.100, 1200)  # every case measured
             amps = {"both": [False, True], "on": [True], "off": [False]}[value(cmd, "--amp", "off")]
-            rep["results"] = [r for r in rep["results"] if r["amp"] in amps]
+            configs = cmd[cmd.index("--configs") + 1:]
+            configs = configs[:next(i for i, c in enumerate(configs) if c.startswith("--"))]
+            rep["results"] = [r for r in rep["results"] if r["amp"] in amps and r["config"] in configs]
+            if "--compile" in cmd:  # compiled: every step 20% shorter
+                rep["results"] = [dict(r, train=dict(r["train"], median_s=0.8 * r["train"]["median_s"]))
+                                  for r in rep["results"]]
             if "bf16" not in precisions:
                 rep["results"] = [dict(r, error="bfloat16 is not supported on this device") if r["amp"] else r
                                   for r in rep["results"]]
@@ -773,6 +778,8 @@ def test_the_benchmark_record_comes_only_from_a_complete_run_at_the_targets_prot
     bench_cmd = next(c for c in calls if c[1].endswith("benchmark.py") and "--help" not in c)
     assert bench_cmd[bench_cmd.index("--size") + 1] == "640" and bench_cmd[bench_cmd.index("--batch") + 1] == "8"
     assert "--in-process" in bench_cmd  # no process a case (20-35 s each at 3a55981, all timed out)
+    # every case profiled once more, so that each time target says what bounds it
+    assert all("--profile" in c for c in calls if "--help" not in c and "--output-json" in c)
     if case == "complete":
         assert result["status"] == "ok"
         written = json.loads(record.read_text())
@@ -800,6 +807,93 @@ def test_a_missing_precision_or_row_is_missing_not_absent():
     assert {f"{gr.config_name(SASA)} fp32", f"{gr.config_name(SASA)} bf16"} <= set(bench["missing"])
     md = gr.render_benchmarks_markdown(bench)
     assert f"`{gr.config_name(SASA)}` | fp32 | missing" in md
+
+
+# ----------------------------------------------------------------------------- MODEL.COMPILE, no target
+def test_the_benchmarks_stage_measures_the_compiled_models_last_without_a_target(gpu_check, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "_run", _fake_benchmark_tools(calls))
+    args, record = _bench_args(gpu_check, tmp_path)
+    result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
+    runs = [c for c in calls if "--output-json" in c]
+    last = runs[-1]
+    assert last[1].endswith("tools/benchmark.py") and "--compile" in last and "--profile" in last
+    assert last[last.index("--amp") + 1] == "on" and last[last.index("--amp-dtype") + 1] == "bfloat16"
+    assert last[last.index("--configs") + 1:last.index("--device")] == list(gr.COMPILED_CONFIGS)
+    assert sum("--compile" in c for c in runs) == 1  # the eager cases and the layers before it
+    assert result["status"] == "ok" and record.exists()
+    bench = json.loads(record.read_text())
+    assert "compiled bf16" not in bench["informational_missing"]
+    aa = _one(bench["compiled"], config=gr.config_name(AA), precision="bf16")
+    assert aa["compiled"] is True and aa["eager_train_ms_ratio"] == pytest.approx(0.8)
+    assert aa["train_ms_ratio"] == pytest.approx(1.2)  # to the compiled baseline
+    assert not [t for t in bench["targets"] if t.get("compiled")]
+    md = gr.render_benchmarks_markdown(bench)
+    assert "| `aa_retinanet_R_50_FPN_scratch_150ep` | bf16 | 96.0 | 1.20 | 0.80 |" in md
+
+
+def test_compiled_models_without_time_left_are_not_measured_and_do_not_fail_the_stage(gpu_check, tmp_path,
+                                                                                     monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "_run", _fake_benchmark_tools(calls))
+    monkeypatch.setattr(gpu_check, "COMPILED_MIN_S", 10**6)
+    args, record = _bench_args(gpu_check, tmp_path)
+    result = gpu_check.stage_benchmarks(args, gpu_check.Budget(600))
+    assert not [c for c in calls if "--compile" in c]
+    assert result["status"] == "ok" and record.exists()
+    assert any("--compile (bf16) not run" in n for n in result["notes"])
+    bench = json.loads(record.read_text())
+    assert bench["complete"] and bench["compiled"] == [] and "compiled bf16" in bench["informational_missing"]
+    assert "Compiled models (MODEL.COMPILE, no target) not measured in bf16." in gr.render_benchmarks_markdown(bench)
+
+
+# ----------------------------------------------------------------------------- what bounds a target
+def _profile(device_ms, **categories):
+    """A phase's profile as ``aadet.benchmark.step_profile.profile_call`` writes it (its largest
+    operator of each kind named ``op_<kind>``)."""
+    cats = dict({c: 0.0 for c in ("attention", "conv", "matmul", "norm", "copy", "other")}, **categories)
+    assert sum(cats.values()) == pytest.approx(device_ms)
+    top = sorted(({"op": f"op_{c}", "ms": v, "calls": 3, "category": c} for c, v in cats.items() if v),
+                 key=lambda r: -r["ms"])
+    return {"device": "cuda", "profiled_ms": 1.3 * device_ms, "device_ms": device_ms, "device_events": 1500,
+            "categories": cats, "top": top, "host_syncs": {"aten::_local_scalar_dense": 4, "aten::nonzero": 2}}
+
+
+def test_each_time_target_says_what_bounds_it_from_the_profiles():
+    rep = config_report()
+    profiles = {  # bf16 training: the conv 100 ms, AA 120 ms, SASA 150 ms (config_report's medians)
+        BASE: _profile(90.0, conv=70.0, other=20.0),
+        AA: _profile(72.0, conv=40.0, attention=20.0, other=12.0),  # the GPU idle 40% of the step
+        SASA: _profile(140.0, conv=40.0, attention=80.0, copy=20.0),
+    }
+    for r in rep["results"]:
+        if r["amp"] and r["config"] in profiles:
+            r["train"]["profile"] = profiles[r["config"]]
+    layers = layer_report(True, 0.001, 0.0015, 50, 60)
+    for r in layers["results"]:
+        r["profile"] = _profile(1.4, attention=1.0, copy=0.4) if r["impl"] == "fused" else _profile(0.9, conv=0.9)
+    bench = gr.benchmarks_cuda([rep], [layers], amp_dtype="bfloat16")
+    t = {(v["target"], v["precision"], v["subject"]): v for v in bench["targets"]}
+    aa = t[("AA-R50 RetinaNet train time", "bf16", gr.config_name(AA))]
+    assert aa["bound"] == ("host-bound: device busy 60% of 120.0 ms, 1500 kernels, 6 host syncs (baseline 6); "
+                           "beyond the baseline's device time: attention +20.0 ms (op_attention 20.0 ms)")
+    sasa = t[("SASA attention-backbone RetinaNet train time", "bf16", gr.config_name(SASA))]
+    assert sasa["bound"] == ("device-bound: device busy 93% of 150.0 ms, 1500 kernels; beyond the baseline's "
+                             "device time: attention +80.0 ms (op_attention 80.0 ms), "
+                             "copy +20.0 ms (op_copy 20.0 ms)")
+    layer = t[("LocalSelfAttention2d 256 ch k 7 80x80 fwd+bwd time vs 3x3 conv", "bf16", "sasa_fused_80")]
+    assert layer["bound"].startswith("device-bound: device busy 93% of 1.5 ms")
+    assert "attention +1.0 ms" in layer["bound"]
+    # no profile (fp32 here), a memory target, an inference target without an inference profile: no bound
+    assert "bound" not in t[("AA-R50 RetinaNet train time", "fp32", gr.config_name(AA))]
+    assert "bound" not in t[("AA-R50 RetinaNet train memory", "bf16", gr.config_name(AA))]
+    assert "bound" not in t[("AA-R50 RetinaNet inference time", "bf16", gr.config_name(AA))]
+    assert _one(bench["configs"], config=gr.config_name(AA), precision="bf16")["train_profile"]["device_ms"] == 72.0
+    md = gr.render_benchmarks_markdown(bench)
+    assert "What bounds it (one profiled step)" in md and f"| {aa['bound']} |" in md
+    # without the baseline's profile the bound names the row's own largest kinds of work
+    alone = gr.describe_bound({"train_ms": 120.0, "train_profile": gr.profile_summary(profiles[AA])}, None)
+    assert alone.endswith("device time: conv 40.0 ms (op_conv 40.0 ms), attention 20.0 ms (op_attention 20.0 ms)")
 
 
 # ----------------------------------------------------------------------------- the HaloNet layer, no target
@@ -845,7 +939,9 @@ def test_a_halo_layer_not_measured_is_reported_and_neither_fails_the_stage_nor_t
     assert result["status"] == "ok" and "error" not in result and record.exists()
     bench = json.loads(record.read_text())
     assert bench["complete"] and bench["missing"] == []
-    assert bench["informational_missing"] == ["halo fp32", "halo bf16"]
+    # the compiled models after the halo layer: measured where it failed, not where the budget was spent
+    compiled = [] if case == "halo_fails" else ["compiled bf16"]
+    assert bench["informational_missing"] == ["halo fp32", "halo bf16"] + compiled
     why = "the halo suite crashed" if case == "halo_fails" else "stage budget spent"
     assert sum("--suite halo" in n and why in n for n in result["notes"]) == 2, result["notes"]
     md = gr.render_benchmarks_markdown(bench)
