@@ -27,6 +27,7 @@ warnings.filterwarnings(
 import aadet  # noqa: E402,F401  (registers the models)
 from aadet.analysis.model_stats import analyze_config, list_configs  # noqa: E402
 from aadet.benchmark.report import write_json  # noqa: E402
+from aadet.engine.defaults import parse_args_with_opts  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +94,7 @@ def _text_report(row) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args_with_opts(build_parser(), argv)  # overrides after --configs / --size too
     logging.getLogger("fvcore").setLevel(logging.ERROR)
     logging.getLogger("detectron2").setLevel(logging.ERROR)
     size = None

@@ -96,6 +96,7 @@ from aadet.benchmark.timing import (  # noqa: E402
 from aadet.benchmark.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
 from aadet.benchmark.training_step import TrainingStep  # noqa: E402
 from aadet.engine.compile import add_compile_argument, compile_opts  # noqa: E402
+from aadet.engine.defaults import parse_args_with_opts  # noqa: E402
 
 
 def build_parser():
@@ -321,7 +322,7 @@ def add_paired_spread(results: List[dict], baseline: str) -> List[dict]:
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args_with_opts(build_parser(), argv)  # overrides after --configs / --size too
     if args.worker:  # one case, in its own process; CUDA OOM is reported in the table
         return worker_main(args.worker, run_case)
 

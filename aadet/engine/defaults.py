@@ -3,7 +3,8 @@
 import logging
 import os
 import re
-from typing import Optional
+import sys
+from typing import Optional, Sequence
 
 import torch
 import yaml
@@ -19,7 +20,7 @@ from ..config import (
 from ..data.datasets import register_coco_from_config
 from .launch import add_launch_arguments, launch
 
-__all__ = ["get_aadet_cfg", "load_config", "training_argument_parser", "launch_from_args"]
+__all__ = ["get_aadet_cfg", "load_config", "parse_args_with_opts", "training_argument_parser", "launch_from_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,24 @@ def _file_setting(config_file: str, key: str) -> str:
             b = os.path.expanduser(b)
             todo.append(b if b.startswith("/") else os.path.join(os.path.dirname(path), b))
     return config_file
+
+
+#: A config key on a command line (``SEED``, ``MODEL.AA.KAPPA``): where the overrides begin.
+_CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
+
+
+def parse_args_with_opts(parser, argv: Optional[Sequence[str]] = None):
+    """``parser.parse_args(argv)`` for a command whose config overrides (its positional ``opts``,
+    ``argparse.REMAINDER``) may follow an option of several values (``--configs A B``,
+    ``--size H W``), which argparse would give every word up to the next option
+    (``--size 800 MODEL.AA.KAPPA 0.25`` would read the key as a size): the overrides begin at the
+    first word that is a config key; the words before it are parsed, those from it on are
+    ``opts``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    start = next((i for i, word in enumerate(argv) if _CONFIG_KEY.match(word)), len(argv))
+    args = parser.parse_args(argv[:start])
+    args.opts = list(args.opts or []) + argv[start:]
+    return args
 
 
 def training_argument_parser(weights: str):
