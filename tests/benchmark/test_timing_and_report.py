@@ -166,7 +166,7 @@ def test_memory_pass_reruns_each_measured_case_in_its_environment():
              dict(case="c", peak_bytes=7)]
     specs = [dict(case=r["case"], warmup=5, iters=20) for r in timed]
     out = timing.memory_pass("tool.py", timed, specs, "/tmp/x", timeout=30, run=run)
-    assert calls == [("tool.py", dict(case=c, warmup=1, iters=1), "/tmp/x", 30, timing.MEMORY_PASS_ENV)
+    assert calls == [("tool.py", dict(case=c, warmup=1, iters=1, profile=False), "/tmp/x", 30, timing.MEMORY_PASS_ENV)
                      for c in "ac"]  # failed and skipped cases are not run again
     assert out[0] == dict(case="a", peak_bytes=5, peak_abs_bytes=None, peak_exact=None, timed_rss_peak_bytes=7)
     assert out[1:3] == timed[1:3]

@@ -208,17 +208,21 @@ def config_attention_layers(configs=None) -> Dict[str, Dict[tuple, List[str]]]:
 
     Returns:
         ``{"sasa": {(num_heads, head_channels, kernel_size, relative): [config, ...]},
-        "aa": {(num_heads, dkh, dvh, relative): [config, ...]}}``: each distinct layer shape with
-        the configs that have it (``relative``: the layer adds relative position logits).
+        "aa": {(num_heads, dkh, dvh, relative): [config, ...]},
+        "halo": {(num_heads, head_channels, block_size, halo_size, stride, relative): [config, ...]}}``:
+        each distinct layer shape with the configs that have it (``relative``: the layer adds
+        relative position logits).
     """
     from detectron2.modeling import build_model
 
     import aadet  # noqa: F401  (registers the models)
     from aadet.engine import load_config
     from aadet.layers.augmented_conv import AugmentedConv2d
+    from aadet.layers.halo_attention import HaloSelfAttention2d
     from aadet.layers.local_attention import LocalSelfAttention2d
 
-    found: Dict[str, Dict[tuple, List[str]]] = {"sasa": defaultdict(list), "aa": defaultdict(list)}
+    found: Dict[str, Dict[tuple, List[str]]] = {"sasa": defaultdict(list), "aa": defaultdict(list),
+                                                "halo": defaultdict(list)}
     for config in configs or all_configs():
         cfg = load_config(os.path.join(REPO, config), ["MODEL.DEVICE", "meta"])
         with torch.device("meta"):
@@ -229,6 +233,9 @@ def config_attention_layers(configs=None) -> Dict[str, Dict[tuple, List[str]]]:
                 layers.add(("sasa", (m.num_heads, m.head_channels, m.kernel_size, m.rel_h is not None)))
             elif isinstance(m, AugmentedConv2d):
                 layers.add(("aa", (m.num_heads, m.dkh, m.dvh, m.rel_h is not None)))
+            elif isinstance(m, HaloSelfAttention2d):
+                layers.add(("halo", (m.num_heads, m.head_channels, m.block_size, m.halo_size, m.stride,
+                                     m.rel_h is not None)))
         for kind, spec in sorted(layers):
             found[kind][spec].append(config)
     return {kind: dict(specs) for kind, specs in found.items()}

@@ -1,7 +1,8 @@
 """The Triton kernels compile for an H100 (sm_90) under the lent GPU machines' Triton as under this
 environment's own: the AOT compile tests of both kernel families
-(``test_triton_local_attention.py``, ``test_aa_kernels.py``, ``-k compile_for_an_h100``, the
-non-slow ones) run again in a subprocess whose ``import triton`` finds the machines' version first.
+(``test_triton_local_attention.py``; ``test_aa_kernels.py`` and ``test_triton_halo_attention.py``,
+whose route runs AA's kernel; ``-k compile_for_an_h100``, the non-slow ones) run again in a
+subprocess whose ``import triton`` finds the machines' version first.
 
 That Triton lives in a side folder (``make triton-side``: ``pip install --target``, default
 ``.cache/triton<version>``, ``$AADET_TRITON_SIDE`` to move it), never installed into the
@@ -41,7 +42,8 @@ def test_kernels_compile_for_an_h100_under_the_gpu_machines_triton(tmp_path):
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     version, where = (probe.stdout.split() + ["", ""])[:2]
     assert version == machine_triton_version() and where.startswith(SIDE), (probe.stdout, probe.stderr[-2000:])
-    tests = ["tests/layers/test_triton_local_attention.py", "tests/layers/test_aa_kernels.py"]
+    tests = ["tests/layers/test_triton_local_attention.py", "tests/layers/test_aa_kernels.py",
+             "tests/layers/test_triton_halo_attention.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
            "-k", "compile_for_an_h100", *tests]
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

@@ -46,7 +46,7 @@ from .backends.halonet_cpp import cpp_halo_attention
 from .backends.halonet_materialized import halo_probs, materialized_halo_attention
 from .backends.halonet_sdpa import sdpa_halo_attention
 from .checks import check_halo_attention
-from .dispatch import AUTO, Route, RouteRegistry, is_exporting
+from .dispatch import AUTO, Route, RouteRegistry, is_exporting, lazy_backend
 from .route_table import CUDA_DEFAULT_ROUTES, measured_route
 
 __all__ = [
@@ -86,6 +86,13 @@ HALO_ATTENTION_BACKENDS = RouteRegistry("HaloNet blocked attention", {
         sdpa_halo_attention,
         "one fused SDPA over all blocks, the position tables and the border mask as its additive "
         "float bias (:mod:`.backends.halonet_sdpa`)",
+    ),
+    "triton": Route(
+        lazy_backend("backends.halonet_triton", "triton_halo_attention"),
+        "AA's Triton flash-attention kernel over every block's window, the position tables and the "
+        "border mask added to the logit tiles in the kernel (no bias, no softmax stored); CUDA, or "
+        "CPU under Triton's interpreter (:mod:`.backends.halonet_triton`)",
+        requires=("triton",),
     ),
 })
 __doc__ = HALO_ATTENTION_BACKENDS.document(__doc__, "HALO_ATTENTION_BACKENDS")

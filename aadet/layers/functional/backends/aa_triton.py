@@ -26,6 +26,10 @@ logit tile instead, so the head stays ``dk`` wide:
   owner, so no atomics (and deterministic). The tables' gradients then flow into ``q`` and the
   relative embeddings through PyTorch autograd of ``relative_logit_tables_2d``.
 
+:func:`triton_attention_on_key_grid` runs the same kernels for queries that are not the keys
+(``Lq`` queries over an ``H x W`` key grid): HaloNet's route (:mod:`.halonet_triton`), each block's
+queries over its haloed window.
+
 In terms of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables`: its 2D
 case ``tables = [T_row, T_col]``, ``key_index = [j // W, j % W]`` is
 ``triton_attention_with_row_col_tables(q, k, v, T_row, T_col, W)``;
@@ -42,16 +46,18 @@ Devices: CUDA (compiled by Triton), or CPU under Triton's interpreter (slow: for
 :mod:`.triton_kernels` describes (``TRITON_INTERPRETED`` says which).
 """
 import math
+from typing import Tuple
 
 import torch
 
-from ..checks import check_row_col_tables, row_col_tables_from_index
+from ..checks import check_one_dtype, check_row_col_tables, row_col_tables_from_index
 from .triton_kernels import TRITON_AVAILABLE, TRITON_DTYPES, TRITON_INTERPRETED, jit, tl, triton
 
 __all__ = [
     "TRITON_AVAILABLE",
     "TRITON_DTYPES",
     "TRITON_INTERPRETED",
+    "triton_attention_on_key_grid",
     "triton_attention_with_logit_tables",
     "triton_attention_with_row_col_tables",
 ]
@@ -142,7 +148,7 @@ if TRITON_AVAILABLE:
                 rows = r0 + slot_r
                 kv_ok = (rows < H) & (cols < W)  # [BN]
                 keys = rows * W + cols
-                k = _rows(K, n, L, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
+                k = _rows(K, n, H * W, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
                 qk_ok = m_ok[:, None] & kv_ok[None, :]
                 s = _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok, HAS_ROW, HAS_COL, OP_F32)
                 s = tl.where(kv_ok[None, :], s, float("-inf"))
@@ -150,7 +156,7 @@ if TRITON_AVAILABLE:
                 alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
                 p = tl.exp2((s - m_new[:, None]) * 1.4426950408889634)  # [BM, BN]
                 l_i = l_i * alpha + tl.sum(p, 1)
-                v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
+                v = _rows(V, n, H * W, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
                 acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, OP_F32)
                 m_i = m_new
         out = acc / l_i[:, None]
@@ -176,8 +182,8 @@ if TRITON_AVAILABLE:
         cols = c0 + slot % BLOCK_W
         kv_ok = (rows < H) & (cols < W)
         keys = rows * W + cols
-        k = _rows(K, n, L, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
-        v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
+        k = _rows(K, n, H * W, DK, keys, offs_d, kv_ok)  # [BN, D_PAD]
+        v = _rows(V, n, H * W, DV, keys, offs_dv, kv_ok)  # [BN, DV_PAD]
         dk = tl.zeros([ROWS * BLOCK_W, D_PAD], tl.float32)
         dv = tl.zeros([ROWS * BLOCK_W, DV_PAD], tl.float32)
         for m0 in range(0, L, BLOCK_M):
@@ -195,8 +201,8 @@ if TRITON_AVAILABLE:
             dp = _mm(do, tl.trans(v), OP_F32)  # [BM, BN]
             ds = p * (dp - delta[:, None])  # d loss / d logits
             dk += _mm(tl.trans(ds.to(q.dtype)), q, OP_F32)
-        _store_rows(DKEY, n, L, DK, keys, offs_d, kv_ok, dk)
-        _store_rows(DVAL, n, L, DV, keys, offs_dv, kv_ok, dv)
+        _store_rows(DKEY, n, H * W, DK, keys, offs_d, kv_ok, dk)
+        _store_rows(DVAL, n, H * W, DV, keys, offs_dv, kv_ok, dv)
 
     def _bwd_dq_kernel(
         Q, K, V, TR, TC, DO, LSE, DELTA, DQ, DTR, DTC,
@@ -233,8 +239,8 @@ if TRITON_AVAILABLE:
                 kv_ok = (rows < H) & (cols < W)
                 qk_ok = m_ok[:, None] & kv_ok[None, :]
                 keys = rows * W + cols
-                k = _rows(K, n, L, DK, keys, offs_d, kv_ok)
-                v = _rows(V, n, L, DV, keys, offs_dv, kv_ok)
+                k = _rows(K, n, H * W, DK, keys, offs_d, kv_ok)
+                v = _rows(V, n, H * W, DV, keys, offs_dv, kv_ok)
                 s = _logits(q, k, TR, TC, n, L, H, W, offs_m, rows, cols, qk_ok, HAS_ROW, HAS_COL, OP_F32)
                 p = tl.exp2((s - lse[:, None]) * 1.4426950408889634)
                 p = tl.where(qk_ok, p, 0.0)
@@ -370,8 +376,47 @@ def triton_attention_with_row_col_tables(
     Returns:
         ``[*, L, dv]`` in the dtype of ``v``; differentiable in q, k, v and both tables.
     """
-    *batch, length, dk = q.shape
     h, w = check_row_col_tables(q, k, v, t_row, t_col, width)
+    return _launch(q, k, v, t_row, t_col, h, w, block_m, block_n, max_block_w)
+
+
+def triton_attention_on_key_grid(
+    q, k, v, t_row, t_col, key_hw: Tuple[int, int], *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
+    max_block_w: int = MAX_BLOCK_W,
+) -> torch.Tensor:
+    """The same kernel for queries that are not the keys: ``Lq`` queries over keys on a row-major
+    ``H x W`` grid (``key_hw``), ``softmax_j(q_i . k_j + T_row[i, j // W] + T_col[i, j % W]) v_j``
+    (HaloNet's blocks: a block's queries over its haloed window).
+
+    Args:
+        q: ``[*, Lq, dk]``; k: ``[*, H W, dk]``; v: ``[*, H W, dv]`` (one dtype of
+            :data:`TRITON_DTYPES`, one device); t_row: ``[*, Lq, H]``, t_col: ``[*, Lq, W]`` or None,
+            read in float32. A key left out of every query's softmax (outside a map) takes a large
+            negative table entry: every tile of ``ROWS`` whole key rows needs one finite logit per
+            query for the online softmax, which a finite mask keeps (its keys' weights come out
+            exactly 0 once any real logit is seen).
+
+    Returns:
+        ``[*, Lq, dv]`` in ``v``'s dtype; differentiable in q, k, v and both tables.
+    """
+    h, w = key_hw
+    *batch, length, _ = q.shape
+    check_one_dtype(q, k, v)
+    if k.dim() != q.dim() or tuple(k.shape[:-2]) != tuple(batch) or k.shape[-2:] != (h * w, q.shape[-1]):
+        raise ValueError(f"k must have shape {[*batch, h * w, q.shape[-1]]} (keys on the {h}x{w} grid); "
+                         f"got {tuple(k.shape)}")
+    if v.dim() != k.dim() or tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        raise ValueError(f"v must have shape [*, H W, dv] with [*, H W] = {list(k.shape[:-1])}; got {tuple(v.shape)}")
+    for name, t, m in (("t_row", t_row, h), ("t_col", t_col, w)):
+        if t is not None and (tuple(t.shape) != (*batch, length, m) or t.device != q.device):
+            raise ValueError(f"{name} must have shape {[*batch, length, m]} on {q.device}; got "
+                             f"{tuple(t.shape)} on {t.device}")
+    return _launch(q, k, v, t_row, t_col, h, w, block_m, block_n, max_block_w)
+
+
+def _launch(q, k, v, t_row, t_col, h, w, block_m, block_n, max_block_w) -> torch.Tensor:
+    """The kernels on checked arguments: ``q [*, Lq, dk]`` over keys ``[*, h w, dk]``."""
+    *batch, length, dk = q.shape
     n = math.prod(batch)
     if n > _MAX_GRID_Y:
         raise ValueError(
@@ -381,16 +426,16 @@ def triton_attention_with_row_col_tables(
     plan = _Plan(n, h, w, dk, v.shape[-1], block_m, block_n, max_block_w)
     _check_runnable(q)
 
-    def flat(t, m):
-        return None if t is None else t.reshape(n, length, m).contiguous()
+    def flat(t, rows, m):
+        return None if t is None else t.reshape(n, rows, m).contiguous()
 
     def flat_table(t, m):  # tables are read in float32; autograd casts the gradient back
-        return None if t is None else flat(t, m).float()
+        return None if t is None else flat(t, length, m).float()
 
     out = _RowColAttention.apply(
-        flat(q, dk), flat(k, dk), flat(v, v.shape[-1]),
+        flat(q, length, dk), flat(k, h * w, dk), flat(v, h * w, v.shape[-1]),
         flat_table(t_row, h), flat_table(t_col, w), plan,
-    )  # [N, L, dv]
+    )  # [N, Lq, dv]
     return out.reshape(*batch, length, v.shape[-1])
 
 
