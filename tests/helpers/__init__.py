@@ -1,9 +1,11 @@
 """What the tests share that is not a test: the checkout's path, :func:`load_tool` and
-:func:`load_dev`, and in its
+:func:`load_dev`, :func:`passed_in_triton_interpreter` and :func:`triton_devices`, and in its
 modules the scripts the tests run (``train_worker.py``, ``broken_attention.py``,
 ``learning_runs.py``) and their helpers (``triton_aot``, ``tiny_training``, ``detectors``)."""
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 from types import ModuleType
 
@@ -51,3 +53,39 @@ def markdown_row(markdown: str, *first: str) -> list:
     rows = [r for r in rows if r[:len(first)] == list(first)]
     assert len(rows) == 1, (first, rows)
     return rows[0]
+
+
+def passed_in_triton_interpreter(test_file: str, *pytest_args: str, timeout: float = 900,
+                                 allow_skipped: bool = False) -> int:
+    """``pytest test_file *pytest_args`` in a fresh process with ``TRITON_INTERPRET=1`` (Triton
+    reads it when first imported, so a process that imported it compiled cannot interpret): how
+    many tests passed there; AssertionError with the output's tail where it failed, or skipped any
+    unless ``allow_skipped``."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(test_file), *pytest_args]
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    log = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, f"{' '.join(cmd)} (TRITON_INTERPRET=1) failed:\n{log}"
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed is not None and (allow_skipped or "skipped" not in summary), \
+        f"the interpreted tests did not all run:\n{log}"
+    return int(passed.group(1))
+
+
+def triton_devices() -> list:
+    """The ``device`` params of a Triton kernel's tests: ``"cpu"``, Triton's interpreter, run only in
+    the process :func:`passed_in_triton_interpreter` starts (a test named
+    ``test_kernels_in_the_triton_interpreter`` calls it), and ``"cuda"``, compiled kernels on a GPU
+    (marked ``cuda``)."""
+    import pytest
+    import torch
+
+    from aadet.layers.functional.backends.triton_kernels import TRITON_INTERPRETED
+
+    has_cuda = torch.cuda.is_available() and not TRITON_INTERPRETED
+    return [
+        pytest.param("cpu", marks=pytest.mark.skipif(
+            not TRITON_INTERPRETED, reason="run by test_kernels_in_the_triton_interpreter (a subprocess)")),
+        pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not has_cuda, reason="needs CUDA")]),
+    ]

@@ -17,8 +17,6 @@ variant the launch code makes for the configs' AA layers down to an sm_90 cubin
 (``tests/helpers/triton_aot.py``).
 """
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -38,7 +36,7 @@ from aadet.layers.functional.backends.aa_triton import (
 from aadet.layers.functional.checks import row_col_tables_from_index
 from aadet.layers.functional.relative_attention import relative_logit_tables_2d
 
-from tests.helpers import REPO, triton_aot
+from tests.helpers import REPO, passed_in_triton_interpreter, triton_aot
 
 needs_triton = pytest.mark.skipif(not TRITON_AVAILABLE, reason="triton is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -226,13 +224,7 @@ def test_triton_cpu_relative_attention_end_to_end(interpreter):
 @pytest.mark.skipif(TRITON_INTERPRETED, reason="this process interprets: the triton_cpu tests run here")
 def test_triton_cpu_in_interpreter():
     """This file's ``triton_cpu`` tests in a fresh process with ``TRITON_INTERPRET=1``."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
-           "-k", "triton_cpu and not in_interpreter"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in tail and "skipped" not in tail, tail
+    assert passed_in_triton_interpreter(__file__, "-k", "triton_cpu and not in_interpreter", timeout=600) > 0
 
 
 def test_triton_argument_errors():

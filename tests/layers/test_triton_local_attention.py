@@ -8,9 +8,6 @@ interpreter runs every operation of every program in Python. The ``cuda`` varian
 checks, plus larger maps, on a GPU when one is present (compiled kernels).
 """
 import importlib.util
-import os
-import re
-import subprocess
 import sys
 
 import pytest
@@ -27,16 +24,12 @@ from aadet.layers.local_attention import LocalSelfAttention2d
 
 from aadet.layers.functional.reference import local_self_attention_2d_reference as brute_force
 
-from tests.helpers import REPO, triton_aot
+from tests.helpers import passed_in_triton_interpreter, triton_aot, triton_devices
 
 pytestmark = pytest.mark.skipif(not TRITON_AVAILABLE, reason="needs the triton package")
 
 HAS_CUDA = torch.cuda.is_available() and not TRITON_INTERPRETED
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(
-        not TRITON_INTERPRETED, reason="run by test_kernels_in_the_triton_interpreter (a subprocess)")),
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
-]
+DEVICES = triton_devices()
 
 
 @pytest.fixture(params=DEVICES)
@@ -47,15 +40,9 @@ def device(request):
 
 @pytest.mark.skipif(TRITON_INTERPRETED, reason="this process already runs the interpreter")
 def test_kernels_in_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not cuda",
-           os.path.abspath(__file__)]
-    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    log = run.stdout[-6000:] + run.stderr[-3000:]
-    assert run.returncode == 0, f"{' '.join(cmd)} (TRITON_INTERPRET=1) failed:\n{log}"
-    passed = re.search(r"(\d+) passed", run.stdout)
-    # the CPU cases really ran there (not skipped): 11 kernel tests plus the error checks
-    assert passed is not None and int(passed.group(1)) >= 13, run.stdout[-3000:]
+    # the CPU cases really ran there: 11 kernel tests plus the error checks
+    # (the compiled-only tests skip there)
+    assert passed_in_triton_interpreter(__file__, "-m", "not cuda", allow_skipped=True) >= 13
 
 
 def _inputs(b, nh, h, w, dk, dv, ks, device, dtype=torch.float32, seed=0, scale=1.0, channels_first=False):
