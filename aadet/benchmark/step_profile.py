@@ -8,13 +8,15 @@ case, so a speed ratio comes with what bounds it.
      "profiled_ms": 61.0,       # wall time of the profiled call (the profiler's overhead included)
      "device_ms": 48.2,         # the operators' self time on the device, summed
      "device_events": 1830,     # kernels and copies run on the device (None on a CPU)
-     "categories": {"attention": 12.1, "conv": 20.3, ...},   # device_ms by CATEGORIES
+     "categories": {"attention": 12.1, "conv": 20.3, ..., "unattributed": 0.1},  # device_ms by kind
      "top": [{"op": "aten::cudnn_convolution", "ms": 9.1, "calls": 53, "category": "conv"}, ...],
      "host_syncs": {"aten::_local_scalar_dense": 12, "cudaStreamSynchronize": 14}}   # SYNC_OPS called
 
-"Device" is the GPU on CUDA (each operator's self CUDA time: the kernels it launched itself, not
-those of the operators it called) and the CPU on a CPU (each operator's self CPU time). Set beside
-the step's timed median (which ran without the profiler), ``device_ms`` says how busy the GPU was:
+"Device" is the GPU on CUDA and the CPU on a CPU. On CUDA ``device_ms`` is the time of the
+kernels, copies and memsets themselves (the profile's device events), and each operator's share
+its self CUDA time (the kernels it launched itself, not those of the operators it called); device
+time no operator claims is ``"unattributed"``. On a CPU both are the operators' self CPU time.
+Set beside the step's timed median (which ran without the profiler), ``device_ms`` says how busy the GPU was:
 far below the median, the step waits on the host (Python, launches), not on the kernels; the
 host's waits for the device (``host_syncs``: ``.item()``, ``nonzero``, synchronizing copies) each
 stop it from queueing work ahead.
@@ -24,11 +26,11 @@ An autograd ``Function`` of aadet's routes (``_TritonLocalAttention``, ``_RowCol
 Triton kernels launched inside it are its self time.
 """
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 
-__all__ = ["CATEGORIES", "SYNC_OPS", "category_of", "profile_call"]
+__all__ = ["CATEGORIES", "SYNC_OPS", "UNATTRIBUTED", "category_of", "profile_call", "summarize_events"]
 
 #: Kinds of work, in the order an operator's name is matched (case-insensitive substrings; the
 #: first that matches names its category; none: ``"other"``, elementwise ops, reductions, the
@@ -44,6 +46,8 @@ CATEGORIES = (
               "im2col", "col2im", "aten::stack", "aten::fill_", "aten::zero_")),
 )
 OTHER = "other"
+#: Device time of kernels no operator launched (on CUDA; 0 on a CPU).
+UNATTRIBUTED = "unattributed"
 #: Operators and CUDA runtime calls that make the host wait for the device: ``.item()`` /
 #: ``bool(tensor)`` (``_local_scalar_dense``, inside ``aten::item``), ``nonzero`` (its output
 #: size), synchronizing copies and explicit synchronizations.
@@ -84,28 +88,42 @@ def profile_call(fn: Callable[[], object], device="cpu", top: int = 15) -> Dict[
         if on_device:
             torch.cuda.synchronize(device)
     profiled_ms = 1e3 * (time.perf_counter() - start)
+    return dict(summarize_events(prof.key_averages(), on_device, top), device=device.type,
+                profiled_ms=round(profiled_ms, 3))
+
+
+def summarize_events(events, on_device: bool, top: int = 15) -> Dict[str, object]:
+    """:func:`profile_call`'s result (less ``device`` and ``profiled_ms``) from a profile's
+    ``key_averages()``: rows of operators (``device_type`` CPU) and, on CUDA, of the device's own
+    events (kernels, copies), each carrying the same time once: the device time is summed over the
+    latter, the kinds of work over the former."""
+    cpu = torch.autograd.DeviceType.CPU
     ops: List[dict] = []
     syncs: Dict[str, int] = {}
-    for e in prof.key_averages():
+    device_ms, device_events = 0.0, 0
+    for e in events:
         if e.key in SYNC_OPS:
             syncs[e.key] = syncs.get(e.key, 0) + e.count
+        if on_device and getattr(e, "device_type", cpu) != cpu:  # a kernel, copy or memset itself
+            device_ms += _self_ms(e, True)
+            device_events += e.count
+            continue
         ms = _self_ms(e, on_device)
         if ms > 0:
             ops.append({"op": e.key, "ms": ms, "calls": e.count, "category": category_of(e.key)})
     ops.sort(key=lambda r: -r["ms"])
     categories = {name: 0.0 for name, _ in CATEGORIES}
-    categories[OTHER] = 0.0
+    categories[OTHER] = categories[UNATTRIBUTED] = 0.0
     for r in ops:
         categories[r["category"]] += r["ms"]
-    device_events: Optional[int] = None
+    attributed = sum(r["ms"] for r in ops)
     if on_device:
-        cpu = torch.autograd.DeviceType.CPU
-        device_events = sum(1 for e in prof.events() if getattr(e, "device_type", cpu) != cpu)
+        categories[UNATTRIBUTED] = max(0.0, device_ms - attributed)
+    else:
+        device_ms = attributed
     return {
-        "device": device.type,
-        "profiled_ms": round(profiled_ms, 3),
-        "device_ms": round(sum(r["ms"] for r in ops), 3),
-        "device_events": device_events,
+        "device_ms": round(device_ms, 3),
+        "device_events": device_events if on_device else None,
         "categories": {k: round(v, 3) for k, v in categories.items()},
         "top": [dict(r, ms=round(r["ms"], 3)) for r in ops[:top]],
         "host_syncs": syncs,

@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from aadet.benchmark.step_profile import CATEGORIES, category_of, profile_call
+from types import SimpleNamespace
+
+from aadet.benchmark.step_profile import CATEGORIES, category_of, profile_call, summarize_events
 
 
 @pytest.mark.parametrize("op,category", [
@@ -31,6 +33,27 @@ def test_operators_fall_into_their_kind_of_work(op, category):
     assert category in [name for name, _ in CATEGORIES] + ["other"]
 
 
+def test_cuda_device_time_is_counted_once():
+    """On CUDA a profile lists each kernel twice: as its launching operator's self CUDA time and as
+    a device event of its own. The device time is the device events'; the kinds, the operators'."""
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def row(key, us, count, device_type):
+        return SimpleNamespace(key=key, self_device_time_total=us, self_cpu_time_total=5.0, count=count,
+                               device_type=device_type)
+
+    events = [row("aten::cudnn_convolution", 3000.0, 4, cpu), row("aten::add_", 1000.0, 10, cpu),
+              row("aten::_local_scalar_dense", 0.0, 2, cpu), row("cudaLaunchKernel", 0.0, 20, cpu),
+              row("sm90_xmma_fprop_implicit_gemm", 3000.0, 4, cuda), row("elementwise_kernel", 1000.0, 10, cuda),
+              row("triton_unclaimed_kernel", 500.0, 2, cuda)]
+    p = summarize_events(events, on_device=True)
+    assert p["device_ms"] == 4.5 and p["device_events"] == 16  # not 8.5: the kernels once
+    assert p["categories"]["conv"] == 3.0 and p["categories"]["other"] == 1.0
+    assert p["categories"]["unattributed"] == 0.5  # device time no operator claims
+    assert [r["op"] for r in p["top"]] == ["aten::cudnn_convolution", "aten::add_"]
+    assert p["host_syncs"] == {"aten::_local_scalar_dense": 2}
+
+
 def test_a_profile_of_convs_and_an_attention_route():
     from aadet.layers import LocalSelfAttention2d
 
@@ -48,7 +71,7 @@ def test_a_profile_of_convs_and_an_attention_route():
     p = profile_call(step, "cpu", top=5)
     assert p["device"] == "cpu" and p["device_events"] is None
     cats = p["categories"]
-    assert set(cats) == {name for name, _ in CATEGORIES} | {"other"}
+    assert set(cats) == {name for name, _ in CATEGORIES} | {"other", "unattributed"} and cats["unattributed"] == 0
     assert cats["conv"] > 0 and cats["attention"] > 0  # the route's Function (_CppLocalAttention) by its name
     assert p["device_ms"] == pytest.approx(sum(cats.values()), abs=0.01)
     assert 0 < p["device_ms"] <= p["profiled_ms"]
