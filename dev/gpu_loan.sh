@@ -198,7 +198,8 @@ take_prev() {  # PREV -> a folder outside the checkout with its stage files (run
 
 pack_out() {  # OUT -> loan.log, report.json, report.md, run.tar.gz (module header)
   local out=$1 files
-  files=$(cd "$out" && ls stage_*.json sweep.jsonl sweep.plan.json 2>/dev/null | tr '\n' ' ')
+  # those of them there are (a call cut early has none; `ls` of a missing name would end the script)
+  files=$(cd "$out" && for f in stage_*.json sweep.jsonl sweep.plan.json; do [ ! -e "$f" ] || printf '%s ' "$f"; done)
   # trainings' checkpoints and events left out
   if tar -czf "$out/run.tar.gz" --exclude='*.pth' --exclude='events.out.tfevents*' --exclude='specs' \
       -C "$out" $files -C "$REPO" output/gpu_check_work output/gpu_check_stderr.log 2>/dev/null \

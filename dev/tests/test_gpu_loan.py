@@ -63,3 +63,24 @@ def test_prev_carried_in_the_tree_leaves_it_with_its_stage_files(tmp_path):
     assert not prev.exists()  # no untracked file left in the tree for the checkout check
     assert json.loads((dest / "stage_configs.json").read_text())["stage"] == "configs"
     assert not (dest / "output").exists()  # the first call's work folder stays packed
+
+
+def test_a_call_that_wrote_no_sweep_or_stage_file_still_packs(tmp_path):
+    """A call cut before its first stage file, or a second call without the sweep's rows (and every
+    dry run, which stops at the first CUDA call), still returns its files: the listing of what to
+    pack must not end the script under ``set -euo pipefail`` (it did, with exit 2, because ``ls``
+    fails on a pattern without a match)."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    repo.mkdir()
+    out.mkdir()
+    (out / "loan.log").write_text("log")
+    (out / "stage_tests.json").write_text(json.dumps({"status": "ok", "stage": "tests"}))
+    (repo / "output" / "gpu_check_work").mkdir(parents=True)
+    (repo / "output" / "gpu_check_stderr.log").write_text("")
+    _call("pack_out", repo, out)  # no sweep.jsonl, no sweep.plan.json
+    assert sorted(os.listdir(out)) == ["loan.log", "run.tar.gz"]
+    with tarfile.open(out / "run.tar.gz") as tar:
+        assert "stage_tests.json" in tar.getnames()
+    (out / "run.tar.gz").unlink()
+    _call("pack_out", repo, out)  # nothing of the stages at all
+    assert "run.tar.gz" in os.listdir(out)
