@@ -33,7 +33,7 @@ from aadet.layers.functional.backends.aa_triton import (
     triton_attention_with_logit_tables,
     triton_attention_with_row_col_tables,
 )
-from aadet.layers.functional.checks import row_col_tables_from_index
+from aadet.layers.functional.key_grid import row_col_tables_from_index
 from aadet.layers.functional.relative_attention import relative_logit_tables_2d
 
 from tests.helpers import REPO, passed_in_triton_interpreter, triton_aot

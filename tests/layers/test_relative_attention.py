@@ -16,6 +16,8 @@ from aadet.layers.functional import (
     relative_self_attention_2d,
     relative_table_for_length,
 )
+from aadet.layers.functional import relative_attention
+from aadet.layers.functional.relative_attention import relative_logit_tables_2d
 from aadet.layers.functional.reference import paper_rel_to_abs as tf_rel_to_abs
 from aadet.layers.functional.reference import paper_relative_self_attention_2d as tf_self_attention
 from aadet.layers.functional.reference import relative_logits_2d_reference as brute_force_logits
@@ -51,6 +53,38 @@ def test_relative_windows_gather_the_offsets_and_their_gradients():
     torch.testing.assert_close(rel.grad, uses[:, None].expand(11, 4))
     with pytest.raises(ValueError, match=r"rel must have shape \[2L-1, d\] with 2L-1 = 11"):
         relative_windows(rel[:10], 6)
+
+
+@pytest.mark.parametrize("h,w", SIZES)
+@pytest.mark.parametrize("which", ["both", "h_only", "w_only"])
+@pytest.mark.parametrize("exporting", [False, True])
+def test_logit_tables_are_each_querys_windows_with_their_gradients(h, w, which, exporting, monkeypatch):
+    """``relative_logit_tables_2d`` (one matmul with both axes' embeddings, each query's window a
+    strided view of it; exporting, gathered windows) against the windows' definition
+    (:func:`relative_windows`): values and the gradients of ``q``, ``rel_h``, ``rel_w`` in float64,
+    keys indexed by row / column."""
+    monkeypatch.setattr(relative_attention, "is_exporting", lambda: exporting)
+    q, _, _, rel_h, rel_w = _inputs(2, 3, h, w, 4, 4)
+    rel_h, rel_w = (None if which == "w_only" else rel_h), (None if which == "h_only" else rel_w)
+    leaves = [t.requires_grad_() for t in (q, rel_h, rel_w) if t is not None]
+    tables, key_index = relative_logit_tables_2d(q, rel_h, rel_w)
+    pos = torch.arange(h * w)
+    expected, expected_index = [], []
+    if rel_h is not None:
+        expected.append(torch.einsum("bnyxd,yjd->bnyxj", q, relative_windows(rel_h, h)).reshape(2, 3, h * w, h))
+        expected_index.append(pos // w)
+    if rel_w is not None:
+        expected.append(torch.einsum("bnyxd,xjd->bnyxj", q, relative_windows(rel_w, w)).reshape(2, 3, h * w, w))
+        expected_index.append(pos % w)
+    assert len(tables) == len(expected) and len(key_index) == len(expected)
+    for t, e, idx, e_idx in zip(tables, expected, key_index, expected_index):
+        torch.testing.assert_close(t, e, rtol=1e-12, atol=1e-12)
+        assert torch.equal(idx, e_idx)
+    up = [torch.randn_like(e) for e in expected]
+    got = torch.autograd.grad(tables, leaves, up)
+    want = torch.autograd.grad(expected, leaves, up)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
 def test_relative_table_for_length_centre_slice_and_clipping():

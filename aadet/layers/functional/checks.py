@@ -46,7 +46,6 @@ __all__ = [
     "check_relative_qk",
     "check_relative_v",
     "check_row_col_tables",
-    "row_col_tables_from_index",
 ]
 
 #: ``error(name, allowed, given) -> Exception``: how a failed rule is reported.
@@ -434,45 +433,3 @@ def check_row_col_tables(q, k, v, t_row, t_col, width: int) -> Tuple[int, int]:
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     return h, w
-
-
-def row_col_tables_from_index(
-    tables: Sequence[torch.Tensor], key_index: Sequence[torch.Tensor], length: int
-) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], int]:
-    """Read ``attention_with_logit_tables``'s ``(tables, key_index)`` as a row-major 2D grid.
-
-    The 2D case of AA is ``tables = [T_row, T_col]`` with ``key_index = [j // W, j % W]``
-    (either may be missing, as from ``relative_logit_tables_2d`` with a ``None`` embedding).
-    Returns ``(t_row, t_col, width)``; raises ``ValueError`` for any other layout.
-    """
-    if len(tables) != len(key_index) or len(tables) > 2:
-        raise ValueError(
-            "the row/column kernels take at most two tables (row, column) with one key index "
-            f"each; got {len(tables)} tables and {len(key_index)} indices"
-        )
-    if not tables:
-        return None, None, 1
-    pos = torch.arange(length, device=key_index[0].device)
-    sizes = [t.shape[-1] for t in tables]
-    widths = sorted({m for m in sizes} | {length // m for m in sizes if m and length % m == 0})
-    for w in widths:  # the first width under which every table is the row or the column table
-        if w < 1 or length % w:
-            continue
-        found = {}
-        for t, idx, m in zip(tables, key_index, sizes):
-            if tuple(idx.shape) != (length,):
-                break
-            idx = idx.to(pos.device)
-            if "row" not in found and m == length // w and torch.equal(idx, pos // w):
-                found["row"] = t
-            elif "col" not in found and m == w and torch.equal(idx, pos % w):
-                found["col"] = t
-            else:
-                break
-        else:
-            return found.get("row"), found.get("col"), w
-    raise ValueError(
-        "the row/column kernels need tables on a row-major H x W key grid: key_index "
-        "[j // W] for a [*, L, H] row table and [j % W] for a [*, L, W] column table; got "
-        f"tables {[tuple(t.shape) for t in tables]} with other key indices (L = {length})"
-    )

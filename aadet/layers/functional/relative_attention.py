@@ -14,13 +14,14 @@ with ``rel_h`` ``[2H-1, d]`` and ``rel_w`` ``[2W-1, d]`` learned embeddings of t
 minus query* (the paper's ``r^H_{l-i}``, ``r^W_{m-j}``). The paper's memory-efficient algorithm
 never stores ``[HW, HW, d]``: one einsum of ``q`` with ``rel`` gives ``[.., L, 2L-1]`` logits
 per query row, and ``rel_to_abs`` (a pad-and-reshape) turns the relative column index into the
-absolute key coordinate (ported line by line in :mod:`.reference`). We take each query row's
-``L`` embeddings as a window of ``rel`` (:func:`relative_windows`) and multiply by that, half the
-products and no reshapes, and never tile the ``[.., HW, H]`` / ``[.., HW, W]`` tables to
-``[HW, HW]``: they are handed, with the row/column of every key, to a route of
-:func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` (its registry,
-:func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds them inside a
-fused attention kernel (or a chunked float32 softmax).
+absolute key coordinate (ported line by line in :mod:`.reference`). We multiply ``q`` by both
+axes' embeddings in one matmul and take each query's window of it as a strided view (the
+offset ``j - i + L - 1`` is affine in the query and the key: no pad, no gather), and never tile
+the ``[.., HW, H]`` / ``[.., HW, W]`` tables to ``[HW, HW]``: they are handed, with the
+row/column of every key (:func:`~.key_grid.grid_key_index`, made once per map size), to a
+route of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_tables` (its
+registry, :func:`~aadet.layers.functional.logit_tables.logit_table_backend`), which adds them
+inside a fused attention kernel (or a chunked float32 softmax).
 
 No scaling happens here: the caller scales ``q`` (by ``dkh ** -0.5``) *before*, so the relative
 logits see the scaled query, exactly as in the paper's code.
@@ -36,7 +37,8 @@ from .checks import (
     check_relative_qk,
     check_relative_v,
 )
-from .dispatch import AUTO
+from .dispatch import AUTO, is_exporting
+from .key_grid import grid_key_index
 from .logit_tables import LOGIT_TABLE_BACKENDS, logit_table_backend
 from .precision import compute_dtype
 
@@ -72,25 +74,47 @@ def relative_logit_tables_2d(
         rel_w: ``[2W - 1, d]`` or None.
     """
     b, nh, h, w, d = q.shape
-    tables, key_index = [], []
-    if rel_h is None and rel_w is None:
-        return tables, key_index
+    embeddings = [(e, axis) for e, axis in ((rel_h, "row"), (rel_w, "col")) if e is not None]
+    if not embeddings:
+        return [], []
     ct = compute_dtype(q.dtype)
+    rows, cols = grid_key_index(h, w, q.device)
     with torch.autocast(device_type=q.device.type, enabled=False):
+        # One product of every query with every embedding of both axes, [B, Nh, H, W, M] with
+        # M = (2H - 1) + (2W - 1): twice the products of the query's own windows, in one matmul
+        # whose gradients are plain matmuls (no gather, whose backward on CUDA is an
+        # index_put-with-sort), for a handful of launches a call instead of ~25.
+        # (Exporting, the windows are gathered instead: ONNX has no strided view.)
         qc = q.to(ct)
-        pos = torch.arange(h * w, device=q.device)
-        # Each query row y meets the H embeddings rel_h[y' - y + H - 1] (y' = 0 .. H-1), a window
-        # of rel_h: one product per row with its window, instead of the paper's [.., L, 2L - 1]
-        # logits turned by rel_to_abs (half the products, no pad-and-reshape copies).
-        if rel_h is not None:
-            th = torch.einsum("bnyxd,yjd->bnyxj", qc, relative_windows(rel_h.to(ct), h))  # [B, Nh, H, W, H]
-            tables.append(th.reshape(b, nh, h * w, h))  # [B, Nh, HW, H]
-            key_index.append(pos // w)
-        if rel_w is not None:
-            tw = torch.einsum("bnyxd,xjd->bnyxj", qc, relative_windows(rel_w.to(ct), w))  # [B, Nh, H, W, W]
-            tables.append(tw.reshape(b, nh, h * w, w))  # [B, Nh, HW, W]
-            key_index.append(pos % w)
+        exporting = is_exporting()
+        if not exporting:
+            rel = torch.cat([e.to(ct) for e, _ in embeddings]) if len(embeddings) > 1 else embeddings[0][0].to(ct)
+            full = torch.matmul(qc, rel.t()).contiguous()  # [B, Nh, H, W, M]
+        tables, key_index, start = [], [], 0
+        for e, axis in embeddings:
+            length = h if axis == "row" else w
+            if exporting:
+                table = torch.einsum("bnyxd,yjd->bnyxj" if axis == "row" else "bnyxd,xjd->bnyxj",
+                                     qc, relative_windows(e.to(ct), length))
+            else:
+                table = _relative_window_view(full, start, length, dim=-3 if axis == "row" else -2)
+            tables.append(table.reshape(b, nh, h * w, length))  # [B, Nh, HW, H | W]
+            key_index.append(rows if axis == "row" else cols)
+            start += e.shape[0]
     return tables, key_index
+
+
+def _relative_window_view(full: torch.Tensor, start: int, length: int, dim: int) -> torch.Tensor:
+    """``out[..., a, ..., j] = full[..., a, ..., start + j - a + length - 1]`` for ``j < length``,
+    ``a`` the index along ``dim`` (``length`` long): each query's window of its ``2L - 1``
+    offset logits, the key coordinate ``j`` in place of the offset (AA's ``rel_to_abs``), as a
+    strided view of ``full`` (contiguous ``[..., M]``): a step along ``dim`` moves one column
+    less far."""
+    size = list(full.shape)
+    size[-1] = length
+    stride = list(full.stride())
+    stride[dim] -= 1
+    return full.as_strided(size, stride, full.storage_offset() + start + length - 1)
 
 
 def relative_windows(rel: torch.Tensor, length: int) -> torch.Tensor:

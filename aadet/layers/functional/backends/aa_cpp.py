@@ -33,7 +33,8 @@ where it cannot be. A custom autograd Function: it does not export.
 """
 import torch
 
-from ..checks import check_row_col_tables, row_col_tables_from_index
+from ..checks import check_row_col_tables
+from ..key_grid import row_col_tables_from_index
 from ..precision import compute_dtype, input_dtypes
 from .cpu_kernels import KERNELS
 
@@ -129,7 +130,7 @@ def cpp_attention_with_row_col_tables(q, k, v, t_row, t_col, width: int) -> torc
 
 def cpp_attention_with_logit_tables(q, k, v, tables, key_index, *, query_chunk: int = 0) -> torch.Tensor:
     """``attention_with_logit_tables``'s signature on the C++ kernel (``impl="cpp"``; the 2D grid
-    case, read by :func:`~aadet.layers.functional.checks.row_col_tables_from_index`;
+    case, read by :func:`~aadet.layers.functional.key_grid.row_col_tables_from_index`;
     ``query_chunk`` unused: nothing is materialized)."""
     t_row, t_col, width = row_col_tables_from_index(tables, key_index, q.shape[-2])
     if t_row is None and t_col is None:

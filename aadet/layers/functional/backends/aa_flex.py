@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_grid_width, check_logit_tables, check_one_dtype
+from ..key_grid import grid_key_index
 from .aa_materialized import materialized_attention_with_logit_tables
 
 __all__ = [
@@ -125,12 +126,12 @@ def flex_attention_with_row_col_tables(q, k, v, t_row, t_col, width: int, **kwar
     """
     length = q.shape[-2]
     check_grid_width(width, length)
-    pos = torch.arange(length, device=q.device)
+    rows, cols = grid_key_index(length // width, width, q.device)
     tables, key_index = [], []
     if t_row is not None:
         tables.append(t_row)
-        key_index.append(pos // width)
+        key_index.append(rows)
     if t_col is not None:
         tables.append(t_col)
-        key_index.append(pos % width)
+        key_index.append(cols)
     return flex_attention_with_logit_tables(q, k, v, tables, key_index, **kwargs)

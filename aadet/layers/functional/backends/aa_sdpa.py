@@ -15,13 +15,18 @@ autocast.
 import torch
 import torch.nn.functional as F
 
+from ..key_grid import grid_indicators, grid_of
 from .sdpa import fused_sdpa
 
 __all__ = ["sdpa_attention_with_logit_tables"]
 
 
 def _indicators(key_index, sizes, like: torch.Tensor) -> torch.Tensor:
-    """Multi-hot key-side indicators ``[Lk, sum(sizes)]`` in the dtype/device of ``like``."""
+    """Multi-hot key-side indicators ``[Lk, sum(sizes)]`` in the dtype/device of ``like`` (a key
+    grid's cached ones for AA's index, :func:`~..key_grid.grid_indicators`)."""
+    grid = grid_of(key_index)
+    if grid is not None and list(sizes) == [grid[0] if r == "row" else grid[1] for r in grid[2]]:
+        return grid_indicators(*grid, like.dtype, like.device)
     parts = [F.one_hot(idx.to(like.device), m).to(like.dtype) for idx, m in zip(key_index, sizes)]
     return torch.cat(parts, dim=-1)
 

@@ -34,7 +34,7 @@ In terms of :func:`~aadet.layers.functional.logit_tables.attention_with_logit_ta
 case ``tables = [T_row, T_col]``, ``key_index = [j // W, j % W]`` is
 ``triton_attention_with_row_col_tables(q, k, v, T_row, T_col, W)``;
 :func:`triton_attention_with_logit_tables` takes ``(tables, key_index)`` as they are and reads the
-grid back (:func:`~aadet.layers.functional.checks.row_col_tables_from_index`; any other key
+grid back (:func:`~aadet.layers.functional.key_grid.row_col_tables_from_index`; any other key
 layout is refused).
 
 No scaling happens here (``q`` arrives scaled, as everywhere in this package). Inputs: float32,
@@ -50,7 +50,8 @@ from typing import Tuple
 
 import torch
 
-from ..checks import check_one_dtype, check_row_col_tables, row_col_tables_from_index
+from ..checks import check_one_dtype, check_row_col_tables
+from ..key_grid import row_col_tables_from_index
 from .triton_kernels import TRITON_AVAILABLE, TRITON_DTYPES, TRITON_INTERPRETED, jit, tl, triton
 
 __all__ = [
@@ -441,7 +442,7 @@ def _launch(q, k, v, t_row, t_col, h, w, block_m, block_n, max_block_w) -> torch
 
 def triton_attention_with_logit_tables(q, k, v, tables, key_index, **tiles) -> torch.Tensor:
     """``attention_with_logit_tables``'s signature on the Triton kernel: the 2D grid case, read by
-    :func:`~aadet.layers.functional.checks.row_col_tables_from_index`. ``tiles``: see
+    :func:`~aadet.layers.functional.key_grid.row_col_tables_from_index`. ``tiles``: see
     :func:`triton_attention_with_row_col_tables`.
     """
     t_row, t_col, width = row_col_tables_from_index(tables, key_index, q.shape[-2])

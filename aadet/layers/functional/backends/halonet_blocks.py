@@ -32,15 +32,18 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..key_grid import cached_constant
 from .sasa_blocked import _halo_windows, _pad_map, _query_blocks
 
 __all__ = [
     "HaloGeometry",
+    "constants_key",
     "halo_block_terms",
     "halo_geometry",
     "halo_key_validity",
     "halo_line_validity",
     "halo_key_windows",
+    "halo_keys_all_inside",
     "halo_query_blocks",
     "halo_relative_index",
     "halo_relative_tables",
@@ -109,6 +112,12 @@ def halo_key_windows(x: torch.Tensor, geo: HaloGeometry) -> torch.Tensor:
     return _halo_windows(x, bkh, bkw, geo.halo)
 
 
+def constants_key(geo: HaloGeometry, device) -> tuple:
+    """What a constant of the block layout depends on: the geometry but for the batch and the
+    heads, and the device (the cache key of :func:`~..key_grid.cached_constant`)."""
+    return geo._replace(batch=0, heads=0), torch.device(device)
+
+
 def _line_validity(size: int, tile: int, num_blocks: int, halo: int, device) -> torch.Tensor:
     """``[num_blocks, tile + 2 halo]``: window line ``u`` of block ``n`` (map line ``n tile - halo
     + u``) lies inside ``[0, size)``."""
@@ -121,19 +130,30 @@ def halo_line_validity(geo: HaloGeometry, device) -> Tuple[torch.Tensor, torch.T
     """``rows [nby, Uh]``, ``cols [nbx, Uw]`` bool: which window rows / columns of each block row
     / column lie inside the map (a key is inside iff its row and its column are)."""
     (h, w), (bkh, bkw), (nby, nbx) = geo.key_hw, geo.key_tile, geo.grid
-    return (_line_validity(h, bkh, nby, geo.halo, device),
-            _line_validity(w, bkw, nbx, geo.halo, device))
+    return cached_constant(("halo_line_validity", *constants_key(geo, device)), lambda: (
+        _line_validity(h, bkh, nby, geo.halo, device), _line_validity(w, bkw, nbx, geo.halo, device)))
+
+
+def halo_keys_all_inside(geo: HaloGeometry) -> bool:
+    """Every window line of every block lies inside the map: no halo and whole blocks (from the
+    geometry alone: reading :func:`halo_line_validity` would make the host wait on CUDA)."""
+    (h, w), (bkh, bkw), (nby, nbx) = geo.key_hw, geo.key_tile, geo.grid
+    return geo.halo == 0 and h == nby * bkh and w == nbx * bkw
 
 
 def halo_key_validity(geo: HaloGeometry, device) -> Optional[torch.Tensor]:
     """``[nblk, L]`` bool: the window keys inside the map (None when every key is: ``h = 0`` and
     whole blocks)."""
-    (h, w), (bkh, bkw), (nby, nbx) = geo.key_hw, geo.key_tile, geo.grid
-    if geo.halo == 0 and h == nby * bkh and w == nbx * bkw:
+    if halo_keys_all_inside(geo):
         return None
-    rows, cols = halo_line_validity(geo, device)  # [nby, Uh], [nbx, Uw]
-    valid = rows[:, None, :, None] & cols[None, :, None, :]  # [nby, nbx, Uh, Uw]
-    return valid.reshape(nby * nbx, rows.shape[1] * cols.shape[1])
+    nby, nbx = geo.grid
+
+    def make():
+        rows, cols = halo_line_validity(geo, device)  # [nby, Uh], [nbx, Uw]
+        valid = rows[:, None, :, None] & cols[None, :, None, :]  # [nby, nbx, Uh, Uw]
+        return valid.reshape(nby * nbx, rows.shape[1] * cols.shape[1])
+
+    return cached_constant(("halo_key_validity", *constants_key(geo, device)), make)
 
 
 def halo_relative_index(geo: HaloGeometry, device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -141,11 +161,15 @@ def halo_relative_index(geo: HaloGeometry, device) -> Tuple[torch.Tensor, torch.
     (column) ``u`` for the block's query ``p = (i, j)`` (row-major), i.e. ``a - y + b + h - 1``."""
     (bqh, bqw), (uh, uw) = geo.query_tile, geo.window
     b, s = geo.block_size, geo.stride
-    t_r = torch.arange(uh, device=device)[None, :] - s * torch.arange(bqh, device=device)[:, None] + b - 1
-    t_c = torch.arange(uw, device=device)[None, :] - s * torch.arange(bqw, device=device)[:, None] + b - 1
-    idx_r = t_r[:, None, :].expand(bqh, bqw, uh).reshape(bqh * bqw, uh)  # query (i, j) -> t_r[i]
-    idx_c = t_c[None, :, :].expand(bqh, bqw, uw).reshape(bqh * bqw, uw)  # query (i, j) -> t_c[j]
-    return idx_r, idx_c
+
+    def make():
+        t_r = torch.arange(uh, device=device)[None, :] - s * torch.arange(bqh, device=device)[:, None] + b - 1
+        t_c = torch.arange(uw, device=device)[None, :] - s * torch.arange(bqw, device=device)[:, None] + b - 1
+        idx_r = t_r[:, None, :].expand(bqh, bqw, uh).reshape(bqh * bqw, uh)  # query (i, j) -> t_r[i]
+        idx_c = t_c[None, :, :].expand(bqh, bqw, uw).reshape(bqh * bqw, uw)  # query (i, j) -> t_c[j]
+        return idx_r, idx_c
+
+    return cached_constant(("halo_relative_index", *constants_key(geo, device)), make)
 
 
 def halo_relative_tables(

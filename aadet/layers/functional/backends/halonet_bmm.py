@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from ..precision import compute_dtype, grads_in_input_dtypes, input_dtypes
-from .halonet_blocks import HaloGeometry, halo_geometry, halo_line_validity, halo_relative_index
+from .halonet_blocks import (
+    HaloGeometry, halo_geometry, halo_keys_all_inside, halo_line_validity, halo_relative_index,
+)
 
 __all__ = ["bmm_halo_attention"]
 
@@ -110,8 +112,8 @@ def _position_tables(qb, rel_h, rel_w, geo: HaloGeometry):
         rw = torch.matmul(qb[..., dr:], rel_w.t())
         row = torch.gather(rh, -1, idx_r.expand(qb.shape[0], pq, uh)).view(-1, nblk, pq, uh)
         col = torch.gather(rw, -1, idx_c.expand(qb.shape[0], pq, uw)).view(-1, nblk, pq, uw)
-    valid_r, valid_c = halo_line_validity(geo, qb.device)  # [nby, Uh], [nbx, Uw]
-    if not bool(valid_r.all() and valid_c.all()):
+    if not halo_keys_all_inside(geo):
+        valid_r, valid_c = halo_line_validity(geo, qb.device)  # [nby, Uh], [nbx, Uw]
         out_r = ~valid_r[:, None, None, :].expand(nby, nbx, 1, uh).reshape(nblk, 1, uh)
         out_c = ~valid_c[None, :, None, :].expand(nby, nbx, 1, uw).reshape(nblk, 1, uw)
         if row is None:

@@ -10,10 +10,10 @@ softmax; on CPU SDPA runs its flash kernel without autograd and its math kernel 
 materialized computation) when the bias needs a gradient. SDPA keeps logits and softmax in
 float32 under autocast, the bias in the inputs' dtype.
 """
-import torch
 
+from ..key_grid import cached_constant
+from .halonet_blocks import constants_key, halo_block_terms, halo_geometry, halo_key_windows, halo_unblock
 from .sdpa import fused_sdpa
-from .halonet_blocks import halo_block_terms, halo_geometry, halo_key_windows, halo_unblock
 
 __all__ = ["sdpa_halo_attention"]
 
@@ -28,8 +28,9 @@ def sdpa_halo_attention(q, k, v, rel_h, rel_w, block_size, halo_size, query_stri
     if row is not None:
         bias = (row[..., :, None] + col[..., None, :]).flatten(-2)  # [N, nblk, Pq, L]
     if valid is not None:
-        mask = torch.zeros(valid.shape, dtype=qb.dtype, device=q.device)
-        mask = mask.masked_fill(~valid, float("-inf"))[:, None, :]  # [nblk, 1, L]
+        mask = cached_constant(  # [nblk, 1, L]
+            ("halo_sdpa_mask", *constants_key(geo, q.device), qb.dtype),
+            lambda: qb.new_zeros(valid.shape).masked_fill(~valid, float("-inf"))[:, None, :])
         bias = mask if bias is None else bias + mask
     out = fused_sdpa(qb, kb, vb, bias)
     return halo_unblock(out, geo)

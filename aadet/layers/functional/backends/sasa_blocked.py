@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import is_exporting
+from ..key_grid import cached_constant, grid_key_index
 from .aa_materialized import materialized_attention_with_logit_tables
 from .aa_sdpa import sdpa_attention_with_logit_tables
 
@@ -113,12 +114,21 @@ def _axis_validity(
     return valid, t
 
 
+def _cached_axis_validity(size: int, block: int, num_blocks: int, halo: int, radius: int, device):
+    """``(valid, t, key)``: :func:`_axis_validity`, made once per its arguments ``key``
+    (:func:`~..key_grid.cached_constant`)."""
+    key = (size, block, num_blocks, halo, radius, torch.device(device))
+    return (*cached_constant(("sasa_axis_validity", *key),
+                             lambda: _axis_validity(size, block, num_blocks, halo, radius, device)), key)
+
+
 def _axis_table(
     q_part: torch.Tensor,
     rel: Optional[torch.Tensor],
     valid: torch.Tensor,
     t: torch.Tensor,
     axis: str,
+    t_key: tuple,
 ) -> torch.Tensor:
     """One query-side logit table over the window's rows (``axis="row"``) or columns.
 
@@ -127,6 +137,8 @@ def _axis_table(
         rel: ``[R, dr]`` offset embeddings (``R = 2 radius + 1``) or None (no positional term).
         valid: ``[nb, b, U]`` from :func:`_axis_validity` (``nb, b`` = blocks/lines of ``axis``).
         t: ``[b, U]`` relative index of window line ``u`` for query line ``i``.
+        t_key: what ``t`` was made from (:func:`_axis_validity`'s arguments): the cache key of
+            its one-hot matrix.
 
     Returns:
         ``[N, nby, nbx, bh, bw, U]``: ``q_part . rel[t]`` where valid, ``MASK_VALUE`` elsewhere.
@@ -143,8 +155,9 @@ def _axis_table(
     logits = torch.matmul(q_part, rel.to(q_part.dtype).t())  # [N, nby, nbx, bh, bw, R]
     # One-hot E[i, t, u] = [t(i, u) == t] moves relative index t to window line u: an exact
     # 0/1 matmul (one nonzero per output), batched over the query line i.
-    onehot = (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None])
-    onehot = onehot.to(logits.dtype)  # [b, R, U]
+    onehot = cached_constant(  # [b, R, U]: t is made from t_key alone
+        ("sasa_offset_onehot", t_key, num_rel, logits.dtype),
+        lambda: (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None]).to(logits.dtype))
     if axis == "row":
         table = torch.einsum("nyxijt,itu->nyxiju", logits, onehot)
     else:
@@ -170,18 +183,18 @@ def _blocked_attention(
     vb = _halo_windows(_pad_map(v.reshape(n, h, w, dv), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dv]
 
     dev = q.device
-    valid_r, t_r = _axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
-    valid_c, t_c = _axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
+    valid_r, t_r, key_r = _cached_axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
+    valid_c, t_c, key_c = _cached_axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
     q6 = qb.view(n, nby, nbx, bh, bw, dk)
     dr = dk // 2
-    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row")  # [N, nby, nbx, bh, bw, Uh]
-    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col")  # [N, nby, nbx, bh, bw, Uw]
+    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row", key_r)  # [N, nby, nbx, bh, bw, Uh]
+    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col", key_c)  # [N, nby, nbx, bh, bw, Uw]
     uh, uw = bh + 2 * halo, bw + 2 * halo
     row_t = row_t.reshape(n, nby * nbx, bh * bw, uh)
     col_t = col_t.reshape(n, nby * nbx, bh * bw, uw)
-    # Key l = u * Uw + u' of the window sits on window row u and window column u'.
-    key_row = torch.arange(uh, device=dev).repeat_interleave(uw)  # [Lk]
-    key_col = torch.arange(uw, device=dev).repeat(uh)  # [Lk]
+    # Key l = u * Uw + u' of the window sits on window row u and window column u': the window is
+    # a row-major Uh x Uw key grid.
+    key_row, key_col = grid_key_index(uh, uw, dev)  # [Lk] each
 
     out = attend(qb, kb, vb, [row_t, col_t], [key_row, key_col])  # [N, nblk, bh*bw, dv]
     out = out.view(n, nby, nbx, bh, bw, dv).permute(0, 1, 3, 2, 4, 5).reshape(n, hp, wp, dv)
