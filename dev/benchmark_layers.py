@@ -75,7 +75,7 @@ from aadet.benchmark.report import (  # noqa: E402
     ratios,
     write_report,
 )
-from aadet.benchmark.step_profile import profile_call  # noqa: E402
+from aadet.benchmark.step_profile import add_profile_argument, profile_call  # noqa: E402
 from aadet.benchmark.timing import (  # noqa: E402
     add_amp_dtype_argument,
     autocast,
@@ -392,9 +392,7 @@ def build_parser():
         help="skip naive AA cases estimated above this (default 6 on CPU, none on CUDA)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
-    p.add_argument("--profile", action="store_true",
-                   help="after each case's timed calls, one more under torch.profiler: its device time by "
-                        "operator and kind of work (aadet/benchmark/step_profile.py), in the JSON")
+    add_profile_argument(p, "each case")
     p.add_argument(
         "--rounds",
         type=int,

@@ -94,6 +94,7 @@ from aadet.benchmark.timing import (  # noqa: E402
     worker_main,
 )
 from aadet.benchmark.synthetic_batch import detectron2_inputs, make_batch  # noqa: E402
+from aadet.benchmark.step_profile import add_profile_argument  # noqa: E402
 from aadet.benchmark.training_step import TrainingStep  # noqa: E402
 from aadet.engine.compile import add_compile_argument, compile_opts  # noqa: E402
 from aadet.engine.defaults import parse_args_with_opts  # noqa: E402
@@ -154,11 +155,7 @@ def build_parser():
     p.add_argument("--no-inference", action="store_true", help="skip the inference measurement")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
     add_compile_argument(p, "every case's model (its first warm-up call of each phase compiles)")
-    p.add_argument(
-        "--profile", action="store_true",
-        help="after the timed calls of each phase, one more under torch.profiler: its device time by "
-             "operator and kind of work (aadet/benchmark/step_profile.py), in the JSON",
-    )
+    add_profile_argument(p, "each phase")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the synthetic batch and the weights"
     )

@@ -30,7 +30,10 @@ from typing import Callable, Dict, List
 
 import torch
 
-__all__ = ["CATEGORIES", "SYNC_OPS", "UNATTRIBUTED", "category_of", "profile_call", "summarize_events"]
+__all__ = [
+    "CATEGORIES", "SYNC_OPS", "UNATTRIBUTED", "add_profile_argument", "category_of", "profile_call",
+    "summarize_events",
+]
 
 #: Kinds of work, in the order an operator's name is matched (case-insensitive substrings; the
 #: first that matches names its category; none: ``"other"``, elementwise ops, reductions, the
@@ -128,3 +131,13 @@ def summarize_events(events, on_device: bool, top: int = 15) -> Dict[str, object
         "top": [dict(r, ms=round(r["ms"], 3)) for r in ops[:top]],
         "host_syncs": syncs,
     }
+
+
+def add_profile_argument(parser, timed: str) -> None:
+    """A benchmark's ``--profile`` flag; ``timed``: what it times (``"each phase"``, ``"each
+    case"``), for the help."""
+    parser.add_argument(
+        "--profile", action="store_true",
+        help=f"after the timed calls of {timed}, one more under torch.profiler: its device time by "
+             "operator and kind of work (aadet/benchmark/step_profile.py), in the JSON",
+    )

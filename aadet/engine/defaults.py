@@ -114,10 +114,12 @@ def parse_args_with_opts(parser, argv: Optional[Sequence[str]] = None):
     ``argparse.REMAINDER``) may follow an option of several values (``--configs A B``,
     ``--size H W``), which argparse would give every word up to the next option
     (``--size 800 MODEL.AA.KAPPA 0.25`` would read the key as a size): the overrides begin at the
-    first word that is a config key; the words before it are parsed, those from it on are
-    ``opts``."""
+    first word that is a config key and not the value of an option of one value (``--output-json
+    OUT``); the words before it are parsed, those from it on are ``opts``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    start = next((i for i, word in enumerate(argv) if _CONFIG_KEY.match(word)), len(argv))
+    one_value = {o for a in parser._actions if a.nargs is None and a.option_strings for o in a.option_strings}
+    start = next((i for i, word in enumerate(argv)
+                  if _CONFIG_KEY.match(word) and not (i and argv[i - 1] in one_value)), len(argv))
     args = parser.parse_args(argv[:start])
     args.opts = list(args.opts or []) + argv[start:]
     return args

@@ -13,6 +13,8 @@ from tests.helpers import load_tool
     (["--config-file", "a.yaml", "--size", "480", "640"], ["a.yaml"], [480, 640], []),
     (["--config-file", "a.yaml", "--json", "out.json", "MODEL.CCNET.BOTTLENECK_KERNEL_SIZE", "1"], ["a.yaml"],
      None, ["MODEL.CCNET.BOTTLENECK_KERNEL_SIZE", "1"]),
+    # an option's one value spelled like a config key is that option's value
+    (["--config-file", "a.yaml", "--json", "OUT", "SEED", "1"], ["a.yaml"], None, ["SEED", "1"]),
 ])
 def test_analyze_model_reads_overrides_after_several_values(argv, configs, size, opts):
     from aadet.engine.defaults import parse_args_with_opts
