@@ -10,7 +10,8 @@ case, so a speed ratio comes with what bounds it.
      "device_events": 1830,     # kernels and copies run on the device (None on a CPU)
      "categories": {"attention": 12.1, "conv": 20.3, ..., "unattributed": 0.1},  # device_ms by kind
      "top": [{"op": "aten::cudnn_convolution", "ms": 9.1, "calls": 53, "category": "conv"}, ...],
-     "host_syncs": {"aten::_local_scalar_dense": 12, "cudaStreamSynchronize": 14}}   # SYNC_OPS called
+     "host_syncs": {"aten::_local_scalar_dense": 12, "cudaStreamSynchronize": 14},  # SYNC_OPS called
+     "host_ops": 3202}          # operators the host dispatched (profile_call only)
 
 "Device" is the GPU on CUDA and the CPU on a CPU. On CUDA ``device_ms`` is the time of the
 kernels, copies and memsets themselves (the profile's device events), and each operator's share
@@ -19,7 +20,9 @@ time no operator claims is ``"unattributed"``. On a CPU both are the operators' 
 Set beside the step's timed median (which ran without the profiler), ``device_ms`` says how busy the GPU was:
 far below the median, the step waits on the host (Python, launches), not on the kernels; the
 host's waits for the device (``host_syncs``: ``.item()``, ``nonzero``, synchronizing copies) each
-stop it from queueing work ahead.
+stop it from queueing work ahead. ``host_ops`` counts the operators the host dispatched (ATen
+operators not called by another: those autograd, Python and the launches cost host time for),
+which is what such a step's time follows.
 
 An autograd ``Function`` of aadet's routes (``_TritonLocalAttention``, ``_RowColAttention``,
 ``_HaloBmm``, ...) is an operator of its own name in forward and ``<name>Backward`` in backward;
@@ -31,8 +34,8 @@ from typing import Callable, Dict, List
 import torch
 
 __all__ = [
-    "CATEGORIES", "SYNC_OPS", "UNATTRIBUTED", "add_profile_argument", "category_of", "profile_call",
-    "summarize_events",
+    "CATEGORIES", "SYNC_OPS", "UNATTRIBUTED", "add_profile_argument", "category_of", "count_host_ops",
+    "profile_call", "summarize_events",
 ]
 
 #: Kinds of work, in the order an operator's name is matched (case-insensitive substrings; the
@@ -92,7 +95,22 @@ def profile_call(fn: Callable[[], object], device="cpu", top: int = 15) -> Dict[
             torch.cuda.synchronize(device)
     profiled_ms = 1e3 * (time.perf_counter() - start)
     return dict(summarize_events(prof.key_averages(), on_device, top), device=device.type,
-                profiled_ms=round(profiled_ms, 3))
+                profiled_ms=round(profiled_ms, 3), host_ops=count_host_ops(prof.events()))
+
+
+def count_host_ops(events) -> int:
+    """The ATen operators among a profile's ``events()`` that no other ATen operator called: one
+    per operator the host dispatched (a composite one's own calls are not counted again)."""
+
+    def top_level(e) -> bool:
+        parent = e.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    return sum(1 for e in events if e.name.startswith("aten::") and top_level(e))
 
 
 def summarize_events(events, on_device: bool, top: int = 15) -> Dict[str, object]:

@@ -311,19 +311,21 @@ _BOUND_KINDS = 2
 
 def profile_summary(profile: dict, top: int = 5) -> dict:
     """A phase's profile (``aadet.benchmark.step_profile.profile_call``) as a report row keeps it:
-    device time, device events, time by kind of work, and the ``top`` operators."""
+    device time, device events, time by kind of work, the ``top`` operators, the host's syncs and
+    the operators it dispatched."""
     return {"device_ms": profile["device_ms"], "device_events": profile.get("device_events"),
             "categories": dict(profile["categories"]), "top": list(profile.get("top", ()))[:top],
-            "host_syncs": dict(profile.get("host_syncs") or {})}
+            "host_syncs": dict(profile.get("host_syncs") or {}), "host_ops": profile.get("host_ops")}
 
 
 def describe_bound(row: dict, base: Optional[dict], phase: str = "train") -> Optional[str]:
     """What bounds ``row``'s ``phase`` (``"train"`` or ``"infer"``) from its profile and its
     baseline's (``base``: the baseline config's or the 3x3 conv's row of the same precision):
     ``"host-bound: ..."`` where the device worked under :data:`HOST_BOUND_BUSY` of the timed
-    median (with the host's waits for the device, the baseline's beside them), else
-    ``"device-bound: ..."``; then the kinds of work that take the time the row spends
-    beyond the baseline's, each with its largest operator. None without a profile."""
+    median (with the operators the host dispatched and its waits for the device, the baseline's
+    beside them: a host-bound step's time follows its operators), else ``"device-bound: ..."``;
+    then the kinds of work that take the time the row spends beyond the baseline's, each with its
+    largest operator. None without a profile."""
     p, ms = row.get(f"{phase}_profile"), row.get(f"{phase}_ms")
     if not p or not ms:
         return None
@@ -331,6 +333,10 @@ def describe_bound(row: dict, base: Optional[dict], phase: str = "train") -> Opt
     events = f", {p['device_events']} kernels" if p.get("device_events") else ""
     kind = "host-bound" if busy < HOST_BOUND_BUSY else "device-bound"
     b = (base or {}).get(f"{phase}_profile")
+    if kind == "host-bound" and p.get("host_ops"):
+        base_ops = (b or {}).get("host_ops")
+        events += f", {p['host_ops']} operators" + (f" ({p['host_ops'] / base_ops:.2f}x the baseline's)"
+                                                    if base_ops else "")
     syncs = sum((p.get("host_syncs") or {}).values())
     if kind == "host-bound" and syncs:  # each stops the host from queueing work ahead
         base_syncs = f" (baseline {sum((b.get('host_syncs') or {}).values())})" if b else ""

@@ -848,7 +848,7 @@ def test_compiled_models_without_time_left_are_not_measured_and_do_not_fail_the_
 
 
 # ----------------------------------------------------------------------------- what bounds a target
-def _profile(device_ms, **categories):
+def _profile(device_ms, host_ops=None, **categories):
     """A phase's profile as ``aadet.benchmark.step_profile.profile_call`` writes it (its largest
     operator of each kind named ``op_<kind>``)."""
     cats = dict({c: 0.0 for c in ("attention", "conv", "matmul", "norm", "copy", "other")}, **categories)
@@ -856,14 +856,15 @@ def _profile(device_ms, **categories):
     top = sorted(({"op": f"op_{c}", "ms": v, "calls": 3, "category": c} for c, v in cats.items() if v),
                  key=lambda r: -r["ms"])
     return {"device": "cuda", "profiled_ms": 1.3 * device_ms, "device_ms": device_ms, "device_events": 1500,
-            "categories": cats, "top": top, "host_syncs": {"aten::_local_scalar_dense": 4, "aten::nonzero": 2}}
+            "categories": cats, "top": top, "host_syncs": {"aten::_local_scalar_dense": 4, "aten::nonzero": 2},
+            "host_ops": host_ops}
 
 
 def test_each_time_target_says_what_bounds_it_from_the_profiles():
     rep = config_report()
     profiles = {  # bf16 training: the conv 100 ms, AA 120 ms, SASA 150 ms (config_report's medians)
-        BASE: _profile(90.0, conv=70.0, other=20.0),
-        AA: _profile(72.0, conv=40.0, attention=20.0, other=12.0),  # the GPU idle 40% of the step
+        BASE: _profile(90.0, 3200, conv=70.0, other=20.0),
+        AA: _profile(72.0, 4900, conv=40.0, attention=20.0, other=12.0),  # the GPU idle 40% of the step
         SASA: _profile(140.0, conv=40.0, attention=80.0, copy=20.0),
     }
     for r in rep["results"]:
@@ -875,7 +876,8 @@ def test_each_time_target_says_what_bounds_it_from_the_profiles():
     bench = gr.benchmarks_cuda([rep], [layers], amp_dtype="bfloat16")
     t = {(v["target"], v["precision"], v["subject"]): v for v in bench["targets"]}
     aa = t[("AA-R50 RetinaNet train time", "bf16", gr.config_name(AA))]
-    assert aa["bound"] == ("host-bound: device busy 60% of 120.0 ms, 1500 kernels, 6 host syncs (baseline 6); "
+    assert aa["bound"] == ("host-bound: device busy 60% of 120.0 ms, 1500 kernels, 4900 operators (1.53x the "
+                           "baseline's), 6 host syncs (baseline 6); "
                            "beyond the baseline's device time: attention +20.0 ms (op_attention 20.0 ms)")
     sasa = t[("SASA attention-backbone RetinaNet train time", "bf16", gr.config_name(SASA))]
     assert sasa["bound"] == ("device-bound: device busy 93% of 150.0 ms, 1500 kernels; beyond the baseline's "
@@ -893,6 +895,7 @@ def test_each_time_target_says_what_bounds_it_from_the_profiles():
     assert "What bounds it (one profiled step)" in md and f"| {aa['bound']} |" in md
     # without the baseline's profile the bound names the row's own largest kinds of work
     alone = gr.describe_bound({"train_ms": 120.0, "train_profile": gr.profile_summary(profiles[AA])}, None)
+    assert "4900 operators, 6 host syncs;" in alone
     assert alone.endswith("device time: conv 40.0 ms (op_conv 40.0 ms), attention 20.0 ms (op_attention 20.0 ms)")
 
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from types import SimpleNamespace
 
-from aadet.benchmark.step_profile import CATEGORIES, category_of, profile_call, summarize_events
+from aadet.benchmark.step_profile import CATEGORIES, category_of, count_host_ops, profile_call, summarize_events
 
 
 @pytest.mark.parametrize("op,category", [
@@ -77,5 +77,21 @@ def test_a_profile_of_convs_and_an_attention_route():
     assert 0 < p["device_ms"] <= p["profiled_ms"]
     assert len(p["top"]) == 5 and [r["ms"] for r in p["top"]] == sorted((r["ms"] for r in p["top"]), reverse=True)
     assert p["host_syncs"] == {"aten::_local_scalar_dense": 1}
+    assert 10 < p["host_ops"] < 200  # the call's operators, each once (not their inner calls)
     assert {r["op"] for r in p["top"] if r["category"] == "attention"} <= {
         "_CppLocalAttention", "_CppLocalAttentionBackward"}
+
+
+def test_host_ops_counts_each_dispatched_operator_once():
+    lin = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+
+    def call():
+        return (lin(x) + 1).sum()  # linear (-> t, addmm inside it), add, sum
+
+    call()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+    assert count_host_ops(prof.events()) == 3
+    names = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    assert "aten::addmm" in names and len(names) > 3  # the inner calls the count leaves out
