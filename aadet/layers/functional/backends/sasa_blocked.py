@@ -115,11 +115,24 @@ def _axis_validity(
 
 
 def _cached_axis_validity(size: int, block: int, num_blocks: int, halo: int, radius: int, device):
-    """``(valid, t, key)``: :func:`_axis_validity`, made once per its arguments ``key``
-    (:func:`~..key_grid.cached_constant`)."""
-    key = (size, block, num_blocks, halo, radius, torch.device(device))
-    return (*cached_constant(("sasa_axis_validity", *key),
-                             lambda: _axis_validity(size, block, num_blocks, halo, radius, device)), key)
+    """:func:`_axis_validity`, made once per its arguments (:func:`~..key_grid.cached_constant`)."""
+    return cached_constant(("sasa_axis_validity", size, block, num_blocks, halo, radius, torch.device(device)),
+                           lambda: _axis_validity(size, block, num_blocks, halo, radius, device))
+
+
+def _offset_window_view(logits: torch.Tensor, win: int, shift: int, dim: int) -> torch.Tensor:
+    """``out[..., i, ..., u] = logits[..., i, ..., u - i + shift]`` for the ``U = win`` window lines
+    ``u``, ``i`` the query line along ``dim``: a strided view of ``logits`` zero-padded along its
+    last (offset) axis so that every ``u - i + shift`` falls inside its own row. Entries whose
+    offset lies outside ``[0, R)`` read padding or another offset's logit: the caller masks them."""
+    num_rel, block = logits.shape[-1], logits.shape[dim]
+    left = max(0, block - 1 - shift)  # the smallest index, shift - (block - 1), moved to 0
+    right = max(0, shift + win - 1 - (num_rel - 1))
+    padded = F.pad(logits, (left, right))
+    size, stride = list(padded.shape), list(padded.stride())
+    size[-1] = win
+    stride[dim] -= 1
+    return padded.as_strided(size, stride, padded.storage_offset() + shift + left)
 
 
 def _axis_table(
@@ -128,7 +141,7 @@ def _axis_table(
     valid: torch.Tensor,
     t: torch.Tensor,
     axis: str,
-    t_key: tuple,
+    shift: int,
 ) -> torch.Tensor:
     """One query-side logit table over the window's rows (``axis="row"``) or columns.
 
@@ -136,9 +149,8 @@ def _axis_table(
         q_part: ``[N, nby, nbx, bh, bw, dr]`` the query channels paired with ``rel``.
         rel: ``[R, dr]`` offset embeddings (``R = 2 radius + 1``) or None (no positional term).
         valid: ``[nb, b, U]`` from :func:`_axis_validity` (``nb, b`` = blocks/lines of ``axis``).
-        t: ``[b, U]`` relative index of window line ``u`` for query line ``i``.
-        t_key: what ``t`` was made from (:func:`_axis_validity`'s arguments): the cache key of
-            its one-hot matrix.
+        t: ``[b, U]`` relative index of window line ``u`` for query line ``i``, ``u - i + shift``.
+        shift: ``radius - halo``.
 
     Returns:
         ``[N, nby, nbx, bh, bw, U]``: ``q_part . rel[t]`` where valid, ``MASK_VALUE`` elsewhere.
@@ -153,15 +165,14 @@ def _axis_table(
         return table.expand(*q_part.shape[:-1], valid.shape[-1])
     num_rel = rel.shape[0]
     logits = torch.matmul(q_part, rel.to(q_part.dtype).t())  # [N, nby, nbx, bh, bw, R]
-    # One-hot E[i, t, u] = [t(i, u) == t] moves relative index t to window line u: an exact
-    # 0/1 matmul (one nonzero per output), batched over the query line i.
-    onehot = cached_constant(  # [b, R, U]: t is made from t_key alone
-        ("sasa_offset_onehot", t_key, num_rel, logits.dtype),
-        lambda: (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None]).to(logits.dtype))
-    if axis == "row":
-        table = torch.einsum("nyxijt,itu->nyxiju", logits, onehot)
+    if is_exporting():
+        # ONNX has no strided view: a one-hot E[i, t, u] = [t(i, u) == t] moves relative index t
+        # to window line u, an exact 0/1 matmul (one nonzero per output), batched over line i.
+        onehot = (t[:, None, :] == torch.arange(num_rel, device=t.device)[None, :, None]).to(logits.dtype)
+        equation = "nyxijt,itu->nyxiju" if axis == "row" else "nyxijt,jtu->nyxiju"
+        table = torch.einsum(equation, logits, onehot)  # [b, R, U] onehot
     else:
-        table = torch.einsum("nyxijt,jtu->nyxiju", logits, onehot)
+        table = _offset_window_view(logits, t.shape[-1], shift, dim=-3 if axis == "row" else -2)
     return torch.where(valid, table, torch.full_like(table[..., :1], MASK_VALUE))
 
 
@@ -183,12 +194,12 @@ def _blocked_attention(
     vb = _halo_windows(_pad_map(v.reshape(n, h, w, dv), hp, wp, halo), bh, bw, halo)  # [N, nblk, Lk, dv]
 
     dev = q.device
-    valid_r, t_r, key_r = _cached_axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
-    valid_c, t_c, key_c = _cached_axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
+    valid_r, t_r = _cached_axis_validity(h, bh, nby, halo, radius, dev)  # [nby, bh, Uh], [bh, Uh]
+    valid_c, t_c = _cached_axis_validity(w, bw, nbx, halo, radius, dev)  # [nbx, bw, Uw], [bw, Uw]
     q6 = qb.view(n, nby, nbx, bh, bw, dk)
     dr = dk // 2
-    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row", key_r)  # [N, nby, nbx, bh, bw, Uh]
-    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col", key_c)  # [N, nby, nbx, bh, bw, Uw]
+    row_t = _axis_table(q6[..., :dr], rel_h, valid_r, t_r, "row", radius - halo)  # [N, nby, nbx, bh, bw, Uh]
+    col_t = _axis_table(q6[..., dr:], rel_w, valid_c, t_c, "col", radius - halo)  # [N, nby, nbx, bh, bw, Uw]
     uh, uw = bh + 2 * halo, bw + 2 * halo
     row_t = row_t.reshape(n, nby * nbx, bh * bw, uh)
     col_t = col_t.reshape(n, nby * nbx, bh * bw, uw)
