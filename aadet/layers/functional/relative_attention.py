@@ -43,6 +43,7 @@ from .logit_tables import LOGIT_TABLE_BACKENDS, logit_table_backend
 from .precision import compute_dtype
 
 __all__ = [
+    "diagonal_window_view",
     "relative_logit_tables_2d",
     "relative_windows",
     "relative_table_for_length",
@@ -97,24 +98,24 @@ def relative_logit_tables_2d(
                 table = torch.einsum("bnyxd,yjd->bnyxj" if axis == "row" else "bnyxd,xjd->bnyxj",
                                      qc, relative_windows(e.to(ct), length))
             else:
-                table = _relative_window_view(full, start, length, dim=-3 if axis == "row" else -2)
+                # row y meets rel[y' - y + L - 1] at key row y' (columns alike)
+                table = diagonal_window_view(full, -3 if axis == "row" else -2, length, start + length - 1)
             tables.append(table.reshape(b, nh, h * w, length))  # [B, Nh, HW, H | W]
             key_index.append(rows if axis == "row" else cols)
             start += e.shape[0]
     return tables, key_index
 
 
-def _relative_window_view(full: torch.Tensor, start: int, length: int, dim: int) -> torch.Tensor:
-    """``out[..., a, ..., j] = full[..., a, ..., start + j - a + length - 1]`` for ``j < length``,
-    ``a`` the index along ``dim`` (``length`` long): each query's window of its ``2L - 1``
-    offset logits, the key coordinate ``j`` in place of the offset (AA's ``rel_to_abs``), as a
-    strided view of ``full`` (contiguous ``[..., M]``): a step along ``dim`` moves one column
-    less far."""
-    size = list(full.shape)
-    size[-1] = length
-    stride = list(full.stride())
+def diagonal_window_view(x: torch.Tensor, dim: int, size: int, offset: int) -> torch.Tensor:
+    """``out[..., a, ..., j] = x[..., a, ..., offset + j - a]`` for ``j < size``, ``a`` the index
+    along ``dim``: each query's window of its offset logits (last axis of ``x``, contiguous), the
+    key coordinate ``j`` in place of the offset (AA's ``rel_to_abs``), as a strided view (a step
+    along ``dim`` moves one column less far). The caller keeps every ``offset + j - a`` inside
+    the last axis (SASA's blocked routes zero-pad it first)."""
+    shape, stride = list(x.shape), list(x.stride())
+    shape[-1] = size
     stride[dim] -= 1
-    return full.as_strided(size, stride, full.storage_offset() + start + length - 1)
+    return x.as_strided(shape, stride, x.storage_offset() + offset)
 
 
 def relative_windows(rel: torch.Tensor, length: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..dispatch import is_exporting
 from ..key_grid import cached_constant, grid_key_index
+from ..relative_attention import diagonal_window_view
 from .aa_materialized import materialized_attention_with_logit_tables
 from .aa_sdpa import sdpa_attention_with_logit_tables
 
@@ -122,17 +123,14 @@ def _cached_axis_validity(size: int, block: int, num_blocks: int, halo: int, rad
 
 def _offset_window_view(logits: torch.Tensor, win: int, shift: int, dim: int) -> torch.Tensor:
     """``out[..., i, ..., u] = logits[..., i, ..., u - i + shift]`` for the ``U = win`` window lines
-    ``u``, ``i`` the query line along ``dim``: a strided view of ``logits`` zero-padded along its
-    last (offset) axis so that every ``u - i + shift`` falls inside its own row. Entries whose
+    ``u``, ``i`` the query line along ``dim``: :func:`~..relative_attention.diagonal_window_view`
+    of ``logits`` zero-padded along its last (offset) axis so that every ``u - i + shift`` falls
+    inside its own row. Entries whose
     offset lies outside ``[0, R)`` read padding or another offset's logit: the caller masks them."""
     num_rel, block = logits.shape[-1], logits.shape[dim]
     left = max(0, block - 1 - shift)  # the smallest index, shift - (block - 1), moved to 0
     right = max(0, shift + win - 1 - (num_rel - 1))
-    padded = F.pad(logits, (left, right))
-    size, stride = list(padded.shape), list(padded.stride())
-    size[-1] = win
-    stride[dim] -= 1
-    return padded.as_strided(size, stride, padded.storage_offset() + shift + left)
+    return diagonal_window_view(F.pad(logits, (left, right)), dim, win, shift + left)
 
 
 def _axis_table(
